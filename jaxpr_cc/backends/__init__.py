@@ -1,0 +1,1 @@
+"""backends stage of the jaxpr-cc pipeline."""

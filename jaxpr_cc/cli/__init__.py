@@ -1,0 +1,1 @@
+"""The jaxpr-cc command line."""

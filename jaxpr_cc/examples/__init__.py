@@ -1,0 +1,1 @@
+"""Bundled example programs used by ``jaxpr-cc demo`` and the documentation."""

@@ -1,0 +1,105 @@
+"""Jaxpr -> graph IR.
+
+A generic driver: every equation becomes an :class:`Equation`; every parameter that
+holds a ``Jaxpr`` or ``ClosedJaxpr`` (directly or inside a tuple) becomes a nested
+:class:`Region`.  No per-primitive code is needed for the structure, so primitives
+JAX adds later are held losslessly too.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..ir.equation import Equation
+from ..ir.graph_build import GraphLoader
+from ..ir.region import Region
+from ..ir.value import Value
+from ..jax_adapter import ClosedJaxpr, DropVar, Jaxpr, Literal
+
+
+def region_from_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any] | None,
+                      names: Sequence[str | None] | None = None) -> Region:
+    """Build a Region from an open jaxpr; ``consts`` None keeps it open."""
+    region = Region(closed=consts is not None, effects=jaxpr.effects,
+                    debug_info=jaxpr.debug_info)
+    env: dict[Any, Value] = {}
+    entry = region.entry
+    for i, var in enumerate(jaxpr.constvars):
+        v = Value(var.aval, entry, i)
+        env[var] = v
+        region.constvars.append(v)
+    if consts is not None:
+        region.consts = list(consts)
+    n_const = len(jaxpr.constvars)
+    for i, var in enumerate(jaxpr.invars):
+        name = names[i] if names is not None and i < len(names) else None
+        v = Value(var.aval, entry, n_const + i, name)
+        env[var] = v
+        region.invars.append(v)
+
+    # The graph is written through networkx's adjacency dicts directly (see
+    # ir/graph_build.py): this loop is the hot path of every IR build.
+    succ, pred, node = region.graph._succ, region.graph._pred, region.graph._node
+    order: dict[Equation, None] = {}
+    for jeqn in jaxpr.eqns:
+        inputs = [var if type(var) is Literal else env[var] for var in jeqn.invars]
+        outputs = []
+        for var in jeqn.outvars:
+            v = Value(var.aval)
+            if type(var) is not DropVar:
+                env[var] = v
+            outputs.append(v)
+        params = jeqn.params
+        params = ({k: _convert_param(p) for k, p in params.items()}
+                  if _any_jaxpr(params) else dict(params))
+        eqn = Equation(jeqn.primitive, inputs, outputs, params, jeqn.effects,
+                       jeqn.source_info, jeqn.ctx)
+        eqn.region = region
+        order[eqn] = None
+        node[eqn] = {}
+        succ[eqn] = {}
+        pe = pred[eqn] = {}
+        for pos, atom in enumerate(inputs):
+            if type(atom) is Value:
+                src = atom.producer
+                keydict = pe.get(src)
+                if keydict is None:
+                    keydict = pe[src] = succ[src][eqn] = {}
+                keydict[pos] = {"value": atom}
+    loader = GraphLoader(region.graph)
+    outvars = []
+    for pos, var in enumerate(jaxpr.outvars):
+        if type(var) is Literal:
+            outvars.append(var)
+        else:
+            v = env[var]
+            outvars.append(v)
+            loader.add_edge(v.producer, region.exit, pos, v)
+    region.outvars = outvars
+    region._order = order
+    return region
+
+
+def region_from_closed_jaxpr(closed: ClosedJaxpr, names=None) -> Region:
+    return region_from_jaxpr(closed.jaxpr, closed.consts, names)
+
+
+_JAXPR_TYPES = (ClosedJaxpr, Jaxpr)
+
+
+def _any_jaxpr(params: dict) -> bool:
+    for p in params.values():
+        t = type(p)
+        if t is ClosedJaxpr or t is Jaxpr or (t is tuple and p and type(p[0]) in _JAXPR_TYPES):
+            return True
+    return False
+
+
+def _convert_param(p: Any) -> Any:
+    t = type(p)
+    if t is ClosedJaxpr:
+        return region_from_closed_jaxpr(p)
+    if t is Jaxpr:
+        return region_from_jaxpr(p, None)
+    if t is tuple and p and type(p[0]) in (ClosedJaxpr, Jaxpr):
+        return tuple(_convert_param(x) for x in p)
+    return p

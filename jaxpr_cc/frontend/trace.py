@@ -1,0 +1,65 @@
+"""Python function -> Program."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import jax
+from jax import tree_util
+
+from ..ir.program import Program
+
+
+def trace(fun: Callable, *example_args, **example_kwargs) -> Program:
+    """Trace ``fun`` on example arguments into a :class:`Program`.
+
+    Arguments may be arrays, ``jax.ShapeDtypeStruct``s, Python scalars, or pytrees of
+    them; keyword arguments are traced too.  The Program keeps the pytree structure
+    of the arguments and of the result.
+    """
+    def flat_fun(args, kwargs):
+        return fun(*args, **kwargs)
+
+    closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(
+        tuple(example_args), dict(example_kwargs))
+    in_tree = tree_util.tree_structure((tuple(example_args), dict(example_kwargs)))
+    out_tree = tree_util.tree_structure(out_shape)
+    names = argument_names(fun, example_args, example_kwargs)
+    return Program.from_jaxpr(closed, in_tree=in_tree, out_tree=out_tree,
+                              name=getattr(fun, "__name__", "program"), arg_names=names)
+
+
+def argument_names(fun: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """Readable names for the flattened arguments: ``x``, ``params.w``, ``xs.0``."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p.name for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
+    leaves, _ = tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    names = []
+    for path, _ in leaves:
+        parts = [_key_str(k) for k in path]
+        top = path[0].idx if hasattr(path[0], "idx") else 1
+        first = path[1]
+        if top == 0:
+            i = first.idx
+            if i < len(positional):
+                head = positional[i]
+            elif star is not None:
+                head = f"{star}{i - len(positional)}"
+            else:
+                head = f"arg{i}"
+        else:
+            head = _key_str(first)
+        names.append(".".join([head] + parts[2:]))
+    return names
+
+
+def _key_str(key: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)

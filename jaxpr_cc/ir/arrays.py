@@ -1,0 +1,36 @@
+"""Array helpers shared by the printer, constant hoisting and the file format."""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A host numpy view of ``x``; PRNG key arrays become their raw key data."""
+    import jax
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    return np.asarray(x)
+
+
+def array_digest(x: Any, length: int = 12) -> str:
+    """Content hash of dtype, shape and bytes: equal exactly when the arrays are
+    identical bit for bit (the identity used for constant deduplication)."""
+    import jax
+    a = to_numpy(x)
+    h = hashlib.sha256()
+    dtype = getattr(x, "dtype", a.dtype)
+    h.update(str(dtype).encode())
+    h.update(repr(tuple(a.shape)).encode())
+    h.update(np.ascontiguousarray(a).tobytes())
+    del jax
+    return h.hexdigest()[:length]
+
+
+def nbytes(x: Any) -> int:
+    n = getattr(x, "nbytes", None)
+    if n is not None:
+        return int(n)
+    return to_numpy(x).nbytes

@@ -1,0 +1,53 @@
+"""Equations: one primitive application, the nodes of a region's graph."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from .value import Atom, Value
+
+
+class Equation:
+    """``outputs = prim[params](*inputs)``.
+
+    Parameters that held sub-jaxprs hold :class:`Region` objects instead (directly, or
+    inside tuples, as ``cond``'s ``branches`` do); everything else is kept as JAX gave
+    it.  Identity is object identity: two equations with equal fields are distinct
+    nodes.
+    """
+
+    __slots__ = ("prim", "inputs", "outputs", "params", "effects", "source_info", "ctx",
+                 "region", "__weakref__")
+
+    def __init__(self, prim, inputs: list[Atom], outputs: list[Value], params: dict,
+                 effects=frozenset(), source_info=None, ctx=None):
+        self.prim = prim
+        self.inputs = inputs
+        self.outputs = outputs
+        self.params = params
+        self.effects = effects
+        self.source_info = source_info
+        self.ctx = ctx
+        self.region = None  # the Region this equation lives in, set on insertion
+        for i, out in enumerate(outputs):
+            out.producer = self
+            out.index = i
+
+    @property
+    def name(self) -> str:
+        return self.prim.name
+
+    def regions(self) -> Iterator[tuple[str, int | None, Any]]:
+        """Nested regions as ``(param_name, index_or_None, region)``, in param order."""
+        from .region import Region
+        for key, value in self.params.items():
+            if isinstance(value, Region):
+                yield key, None, value
+            elif isinstance(value, tuple) and value and isinstance(value[0], Region):
+                for i, r in enumerate(value):
+                    yield key, i, r
+
+    def has_regions(self) -> bool:
+        return next(self.regions(), None) is not None
+
+    def __repr__(self) -> str:
+        return f"<Equation {self.prim.name} {len(self.inputs)}->{len(self.outputs)}>"

@@ -1,0 +1,213 @@
+"""A deterministic, readable text form of Programs, independent of JAX's printer.
+
+Values are named in order of definition (``%0``, ``%1``, ...), inputs by their hint
+where they have one, constants ``%c0``...  Parameters are printed sorted by name
+through a table of per-type formatters; anything unknown falls back to ``repr``
+with memory addresses removed, so two processes print byte-identical text.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import re
+import types
+from typing import Any, Callable
+
+import numpy as np
+
+from .arrays import array_digest, to_numpy
+from .equation import Equation
+from .region import Region
+from .value import Value, is_literal
+
+SMALL_ARRAY = 8  # arrays with at most this many elements are printed in full
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
+_IDENT = re.compile(r"[^A-Za-z0-9_.]")
+
+
+def short_type(aval) -> str:
+    try:
+        return aval.str_short(short_dtypes=True)
+    except TypeError:
+        return str(aval)
+
+
+class Namer:
+    def __init__(self):
+        self.names: dict[Value, str] = {}
+        self.taken: set[str] = set()
+        self.counter = 0
+        self.consts = 0
+
+    def _unique(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.taken:
+            name = f"{base}_{i}"
+            i += 1
+        self.taken.add(name)
+        return name
+
+    def define(self, v: Value, *, const: bool = False, use_hint: bool = False) -> str:
+        if const:
+            name = self._unique(f"%c{self.consts}")
+            self.consts += 1
+        elif use_hint and v.name:
+            name = self._unique("%" + _IDENT.sub("_", v.name))
+        else:
+            name = self._unique(f"%{self.counter}")
+            self.counter += 1
+        self.names[v] = name
+        return name
+
+    def ref(self, atom) -> str:
+        if is_literal(atom):
+            return f"{format_scalar(atom.val)}:{short_type(atom.aval)}"
+        try:
+            return self.names[atom]
+        except KeyError:
+            return "%<undefined>"
+
+
+def format_scalar(val: Any) -> str:
+    a = np.asarray(val)
+    if a.shape == ():
+        item = a.item()
+        if isinstance(item, float):
+            return repr(item)
+        return repr(item)
+    return format_array(val)
+
+
+def format_array(x: Any) -> str:
+    a = to_numpy(x)
+    dtype = getattr(x, "dtype", a.dtype)
+    head = f"{_dtype_name(dtype)}[{','.join(map(str, a.shape))}]"
+    if a.size <= SMALL_ARRAY:
+        return f"array<{head}: {np.array2string(a.reshape(-1), separator=', ', threshold=SMALL_ARRAY)}>"
+    return f"array<{head} sha256:{array_digest(x)}>"
+
+
+def _dtype_name(dtype) -> str:
+    from jax._src import dtypes as _d  # noqa: F401 (dtype short names only)
+    try:
+        import jax.numpy as jnp  # noqa: F401
+        from ..jax_adapter import ShapedArray
+        return ShapedArray((), dtype).str_short(short_dtypes=True).split("[")[0]
+    except Exception:
+        return str(dtype)
+
+
+def _format_callable(f: Any) -> str:
+    inner = getattr(f, "f", None)  # lu.WrappedFun wraps the user's function
+    target = inner if inner is not None else f
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) \
+        or type(target).__name__
+    return f"<fn {name}>"
+
+
+_FORMATTERS: list[tuple[type | tuple, Callable[[Any], str]]] = [
+    (bool, repr), (int, repr), (float, repr), (str, repr), (type(None), repr),
+    (np.dtype, lambda d: _dtype_name(d)),
+    (enum.Enum, lambda e: f"{type(e).__name__}.{e.name}"),
+    (np.ndarray, format_array),
+    (np.generic, lambda x: format_scalar(x)),
+]
+
+
+def format_param(value: Any) -> str:
+    """Format a parameter value through the per-type table."""
+    import jax
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # NamedTuple params
+        inner = ", ".join(f"{f}={format_param(getattr(value, f))}" for f in value._fields)
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(format_param(v) for v in value)
+        return f"({inner}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{format_param(k)}: {format_param(v)}"
+                               for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))) + "}"
+    if isinstance(value, jax.Array):
+        return format_array(value)
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return _dtype_name(np.dtype(value))
+    for typ, fmt in _FORMATTERS:
+        if isinstance(value, typ):
+            return fmt(value)
+    if _is_function(value):
+        return _format_callable(value)
+    if hasattr(value, "dtype") and type(value).__name__.endswith("DType"):
+        return _dtype_name(value)
+    return " ".join(_ADDRESS.sub("", repr(value)).split())
+
+
+def _is_function(value: Any) -> bool:
+    """Python functions and JAX's wrappers of them (custom rules, thunks)."""
+    return isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+                              functools.partial)) or type(value).__name__ == "WrappedFun"
+
+
+class _Printer:
+    def __init__(self):
+        self.namer = Namer()
+        self.lines: list[str] = []
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("  " * depth + text)
+
+    def binders(self, region: Region, depth: int, use_hint: bool) -> str:
+        for v, c in zip(region.constvars, region.consts if region.consts is not None
+                        else [None] * len(region.constvars)):
+            name = self.namer.define(v, const=True)
+            body = format_array(c) if c is not None else "<open>"
+            self.emit(depth + 1, f"const {name}:{short_type(v.aval)} = {body}")
+        return ", ".join(f"{self.namer.define(v, use_hint=use_hint)}:{short_type(v.aval)}"
+                         for v in region.invars)
+
+    def region_body(self, region: Region, depth: int) -> None:
+        for eqn in region.equations:
+            self.equation(eqn, depth + 1)
+        outs = ", ".join(self.namer.ref(a) for a in region.outvars)
+        self.emit(depth + 1, f"return {outs}")
+
+    def equation(self, eqn: Equation, depth: int) -> None:
+        region_keys = {k for k, _, _ in eqn.regions()}
+        params = [f"{k}={format_param(v)}" for k, v in sorted(eqn.params.items())
+                  if k not in region_keys]
+        ins = ", ".join(self.namer.ref(a) for a in eqn.inputs)
+        outs = ", ".join(f"{self.namer.define(v)}:{short_type(v.aval)}" for v in eqn.outputs)
+        head = eqn.prim.name + (f"[{', '.join(params)}]" if params else "")
+        effects = ""
+        if eqn.effects:
+            effects = " effects={" + ", ".join(sorted(_ADDRESS.sub("", str(e)) for e in eqn.effects)) + "}"
+        lhs = f"{outs} = " if outs else ""
+        subs = list(eqn.regions())
+        self.emit(depth, f"{lhs}{head} {ins}{effects}".rstrip() + (" {" if subs else ""))
+        for key, idx, sub in subs:
+            label = key if idx is None else f"{key}[{idx}]"
+            mark = len(self.lines)
+            self.lines.append("")
+            args = self.binders(sub, depth, use_hint=False)
+            self.lines[mark] = "  " * (depth + 1) + f"{label}({args}) {{"
+            self.region_body(sub, depth + 1)
+            self.emit(depth + 1, "}")
+        if subs:
+            self.emit(depth, "}")
+
+
+def print_region(region: Region, name: str = "region") -> str:
+    p = _Printer()
+    mark = len(p.lines)
+    p.lines.append("")
+    args = p.binders(region, 0, use_hint=True)
+    outs = ", ".join(short_type(a.aval) for a in region.outvars)
+    p.lines[mark] = f"func @{name}({args}) -> ({outs}) {{"
+    p.region_body(region, 0)
+    p.emit(0, "}")
+    return "\n".join(p.lines) + "\n"
+
+
+def print_program(program) -> str:
+    header = [f"# in_tree: {program.in_tree}", f"# out_tree: {program.out_tree}"]
+    if program.params:
+        header.append(f"# bound params: {len(program.params)}")
+    return "\n".join(header) + "\n" + print_region(program.body, program.name)

@@ -1,0 +1,128 @@
+"""``Program``: a top-level region plus the Python calling convention around it."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+from jax import tree_util
+
+from .region import Region
+from .value import Value
+
+
+class Program:
+    """A traced program in graph-IR form.
+
+    ``body`` is the top-level region.  Its inputs are, in order, the hoisted
+    parameters bound to the program (``params``; empty until a pass such as
+    ``hoist-consts`` creates some) followed by the flattened user arguments.
+    ``in_tree`` is the pytree structure of ``(args, kwargs)`` and ``out_tree`` the
+    structure of the result, so ``program(*args, **kwargs)`` follows the original
+    function's calling convention.
+    """
+
+    def __init__(self, body: Region, in_tree, out_tree, *, name: str = "program",
+                 params: Sequence[Any] = ()):
+        self.body = body
+        self.in_tree = in_tree
+        self.out_tree = out_tree
+        self.name = name
+        self.params = tuple(params)
+
+    # --------------------------------------------------------- construction
+    @classmethod
+    def from_jaxpr(cls, closed_jaxpr, *, in_tree=None, out_tree=None, name: str | None = None,
+                   arg_names: Sequence[str | None] | None = None) -> "Program":
+        """Hold ``closed_jaxpr`` as a Program.
+
+        Without trees, the program takes the jaxpr's inputs as positional arguments
+        and returns a list of its outputs, like ``jax.core.jaxpr_as_fun``.
+        """
+        from ..frontend.from_jaxpr import region_from_closed_jaxpr
+        jaxpr = closed_jaxpr.jaxpr
+        n_in, n_out = len(jaxpr.invars), len(jaxpr.outvars)
+        if in_tree is None:
+            in_tree = tree_util.tree_structure((tuple(range(n_in)), {}))
+        if out_tree is None:
+            out_tree = tree_util.tree_structure(list(range(n_out)))
+        if in_tree.num_leaves != n_in or out_tree.num_leaves != n_out:
+            raise ValueError(
+                f"pytree structures do not fit the jaxpr: in_tree has {in_tree.num_leaves} leaves "
+                f"for {n_in} inputs, out_tree {out_tree.num_leaves} leaves for {n_out} outputs")
+        if arg_names is None and jaxpr.debug_info is not None and jaxpr.debug_info.arg_names:
+            arg_names = list(jaxpr.debug_info.arg_names)
+        body = region_from_closed_jaxpr(closed_jaxpr, arg_names)
+        if name is None:
+            dbg = jaxpr.debug_info
+            name = dbg.func_name if dbg is not None and dbg.func_name else "program"
+        return cls(body, in_tree, out_tree, name=_clean_name(name))
+
+    def to_jaxpr(self):
+        """Emit a ``ClosedJaxpr`` whose inputs are ``params`` then the flat arguments."""
+        from ..backends.jaxpr import region_to_closed_jaxpr
+        return region_to_closed_jaxpr(self.body)
+
+    def copy(self) -> "Program":
+        from .clone import clone_region
+        return Program(clone_region(self.body), self.in_tree, self.out_tree, name=self.name,
+                       params=self.params)
+
+    def replace(self, **changes) -> "Program":
+        """A shallow copy with some fields changed (the body is shared unless given)."""
+        fields = dict(body=self.body, in_tree=self.in_tree, out_tree=self.out_tree,
+                      name=self.name, params=self.params)
+        fields.update(changes)
+        body = fields.pop("body")
+        in_tree = fields.pop("in_tree")
+        out_tree = fields.pop("out_tree")
+        return Program(body, in_tree, out_tree, **fields)
+
+    # ------------------------------------------------------------ calling
+    @property
+    def arg_values(self) -> list[Value]:
+        """The body inputs that correspond to user arguments (after the params)."""
+        return self.body.invars[len(self.params):]
+
+    def flatten_args(self, args: tuple, kwargs: dict) -> list[Any]:
+        flat, tree = tree_util.tree_flatten((tuple(args), dict(kwargs)))
+        if tree != self.in_tree:
+            raise TypeError(
+                f"{self.name}: arguments have structure {tree}, but the program was traced "
+                f"with {self.in_tree}")
+        return flat
+
+    def __call__(self, *args, **kwargs):
+        from ..jax_adapter import eval_jaxpr
+        flat = self.flatten_args(args, kwargs)
+        closed = self.to_jaxpr()
+        outs = eval_jaxpr(closed.jaxpr, closed.consts, *self.params, *flat)
+        return tree_util.tree_unflatten(self.out_tree, outs)
+
+    # --------------------------------------------------------- inspection
+    def __str__(self) -> str:
+        from .printer import print_program
+        return print_program(self)
+
+    def __repr__(self) -> str:
+        return (f"<Program {self.name}: {len(self.arg_values)} inputs, "
+                f"{sum(1 for _ in self.body.walk())} equations, {len(self.body.outvars)} outputs>")
+
+    def num_equations(self) -> int:
+        """Equations in the body and every nested region."""
+        return sum(1 for _ in self.body.walk())
+
+    def verify(self) -> None:
+        """Raise ``VerificationError`` if the program is malformed."""
+        from .verifier import verify_program
+        verify_program(self)
+
+    def is_first_order(self) -> bool:
+        """True when no parameter anywhere holds a Python callable and no nested region
+        carries constants: the form the saved-program format requires."""
+        from .verifier import first_order_violations
+        return not first_order_violations(self)
+
+
+def _clean_name(name: str) -> str:
+    out = "".join(c if (c.isalnum() or c == "_") else "_" for c in name)
+    return out or "program"

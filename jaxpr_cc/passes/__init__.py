@@ -1,0 +1,1 @@
+"""passes stage of the jaxpr-cc pipeline."""
