@@ -3,13 +3,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..closure.ir_rules import FIRST_ORDER_KEYS, export_params, is_first_order_custom
 from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import ClosedJaxpr, Jaxpr, Literal, Var, fit_debug_info, new_jaxpr_eqn
 
 
-def region_to_jaxpr(region: Region) -> tuple[Jaxpr, list[Any] | None]:
-    """Emit ``region`` as an open Jaxpr plus its consts (None for an open region)."""
+def region_to_jaxpr(region: Region, memo: dict | None = None) -> tuple[Jaxpr, list[Any] | None]:
+    """Emit ``region`` as an open Jaxpr plus its consts (None for an open region).
+
+    ``memo`` caches work for Regions shared between equations (custom rules reused at
+    many call sites): each is emitted, and each rule re-bound, once per emission.
+    """
+    if memo is None:
+        memo = {}
     env: dict[Value, Var] = {}
 
     def binder(v: Value) -> Var:
@@ -22,10 +29,12 @@ def region_to_jaxpr(region: Region) -> tuple[Jaxpr, list[Any] | None]:
     for eqn in region.topo_order():
         ins = [a if type(a) is Literal else env[a] for a in eqn.inputs]
         outs = [binder(v) for v in eqn.outputs]
-        params = eqn.params
-        if eqn.has_regions():
-            params = {k: _emit_param(p) for k, p in params.items()}
-        eqns.append(new_jaxpr_eqn(ins, outs, eqn.prim, params, eqn.effects,
+        params, prim = eqn.params, eqn.prim
+        if prim.name in FIRST_ORDER_KEYS and is_first_order_custom(prim.name, params):
+            prim, params = _export_custom(eqn, memo)
+        elif eqn.has_regions():
+            params = {k: _emit_param(p, memo) for k, p in params.items()}
+        eqns.append(new_jaxpr_eqn(ins, outs, prim, params, eqn.effects,
                                   eqn.source_info, eqn.ctx))
     outvars = [a if type(a) is Literal else env[a] for a in region.outvars]
     dbg = fit_debug_info(region.debug_info, len(invars), len(outvars))
@@ -33,15 +42,33 @@ def region_to_jaxpr(region: Region) -> tuple[Jaxpr, list[Any] | None]:
     return jaxpr, (list(region.consts) if region.consts is not None else None)
 
 
-def region_to_closed_jaxpr(region: Region) -> ClosedJaxpr:
-    jaxpr, consts = region_to_jaxpr(region)
+def region_to_closed_jaxpr(region: Region, memo: dict | None = None) -> ClosedJaxpr:
+    jaxpr, consts = region_to_jaxpr(region, memo)
     return ClosedJaxpr(jaxpr, consts or [])
 
 
-def _emit_param(p: Any) -> Any:
+def _emit_param(p: Any, memo: dict) -> Any:
     if isinstance(p, Region):
-        jaxpr, consts = region_to_jaxpr(p)
-        return ClosedJaxpr(jaxpr, consts) if consts is not None else jaxpr
+        hit = memo.get(("region", id(p)))
+        if hit is None or hit[0] is not p:
+            jaxpr, consts = region_to_jaxpr(p, memo)
+            hit = memo[("region", id(p))] = (p, ClosedJaxpr(jaxpr, consts) if consts is not None else jaxpr)
+        return hit[1]
     if type(p) is tuple and p and isinstance(p[0], Region):
-        return tuple(_emit_param(x) for x in p)
+        return tuple(_emit_param(x, memo) for x in p)
     return p
+
+
+def _export_custom(eqn, memo: dict):
+    """JAX's params for a first-order custom equation (cached per shared rule)."""
+    in_avals = tuple(a.aval for a in eqn.inputs)
+    regions = tuple(r for _, _, r in eqn.regions())
+    key = ("custom", eqn.prim.name, tuple(id(r) for r in regions), in_avals)
+    hit = memo.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], regions)):
+        def closed(region):
+            out = _emit_param(region, memo)
+            return out if isinstance(out, ClosedJaxpr) else ClosedJaxpr(out, [])
+        prim, params = export_params(eqn.prim.name, eqn.params, in_avals, closed)
+        hit = memo[key] = (regions, prim, params)
+    return hit[1], hit[2]

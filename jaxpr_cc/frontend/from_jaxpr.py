@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..closure.ir_rules import FIRST_ORDER_KEYS, import_params
 from ..ir.equation import Equation
 from ..ir.graph_build import GraphLoader
 from ..ir.region import Region
@@ -17,8 +18,15 @@ from ..jax_adapter import ClosedJaxpr, DropVar, Jaxpr, Literal
 
 
 def region_from_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any] | None,
-                      names: Sequence[str | None] | None = None) -> Region:
-    """Build a Region from an open jaxpr; ``consts`` None keeps it open."""
+                      names: Sequence[str | None] | None = None, memo: dict | None = None) -> Region:
+    """Build a Region from an open jaxpr; ``consts`` None keeps it open.
+
+    ``memo`` maps ClosedJaxpr objects already converted in this conversion to their
+    Regions: custom rules reused at many call sites share one rule object, and their
+    Regions are shared too (converted once).
+    """
+    if memo is None:
+        memo = {}
     region = Region(closed=consts is not None, effects=jaxpr.effects,
                     debug_info=jaxpr.debug_info)
     env: dict[Any, Value] = {}
@@ -49,8 +57,15 @@ def region_from_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any] | None,
                 env[var] = v
             outputs.append(v)
         params = jeqn.params
-        params = ({k: _convert_param(p) for k, p in params.items()}
-                  if _any_jaxpr(params) else dict(params))
+        name = jeqn.primitive.name
+        first_order = (import_params(name, params, lambda cj: _closed_region(cj, memo))
+                       if name in FIRST_ORDER_KEYS else None)
+        if first_order is not None:
+            params = first_order
+        elif _any_jaxpr(params):
+            params = {k: _convert_param(p, memo) for k, p in params.items()}
+        else:
+            params = dict(params)
         eqn = Equation(jeqn.primitive, inputs, outputs, params, jeqn.effects,
                        jeqn.source_info, jeqn.ctx)
         eqn.region = region
@@ -79,8 +94,15 @@ def region_from_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any] | None,
     return region
 
 
-def region_from_closed_jaxpr(closed: ClosedJaxpr, names=None) -> Region:
-    return region_from_jaxpr(closed.jaxpr, closed.consts, names)
+def region_from_closed_jaxpr(closed: ClosedJaxpr, names=None, memo: dict | None = None) -> Region:
+    return region_from_jaxpr(closed.jaxpr, closed.consts, names, memo)
+
+
+def _closed_region(closed: ClosedJaxpr, memo: dict) -> Region:
+    hit = memo.get(id(closed))
+    if hit is None or hit[0] is not closed:
+        hit = memo[id(closed)] = (closed, region_from_closed_jaxpr(closed, None, memo))
+    return hit[1]
 
 
 _JAXPR_TYPES = (ClosedJaxpr, Jaxpr)
@@ -94,12 +116,12 @@ def _any_jaxpr(params: dict) -> bool:
     return False
 
 
-def _convert_param(p: Any) -> Any:
+def _convert_param(p: Any, memo: dict) -> Any:
     t = type(p)
     if t is ClosedJaxpr:
-        return region_from_closed_jaxpr(p)
+        return region_from_closed_jaxpr(p, None, memo)
     if t is Jaxpr:
-        return region_from_jaxpr(p, None)
+        return region_from_jaxpr(p, None, None, memo)
     if t is tuple and p and type(p[0]) in (ClosedJaxpr, Jaxpr):
-        return tuple(_convert_param(x) for x in p)
+        return tuple(_convert_param(x, memo) for x in p)
     return p

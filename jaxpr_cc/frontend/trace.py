@@ -10,23 +10,44 @@ from jax import tree_util
 from ..ir.program import Program
 
 
-def trace(fun: Callable, *example_args, **example_kwargs) -> Program:
-    """Trace ``fun`` on example arguments into a :class:`Program`.
+def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_size: int = 4096,
+          rule_depth: int = 3, **example_kwargs) -> Program:
+    """Trace ``fun`` on example arguments into a first-order :class:`Program`.
 
     Arguments may be arrays, ``jax.ShapeDtypeStruct``s, Python scalars, or pytrees of
     them; keyword arguments are traced too.  The Program keeps the pytree structure
     of the arguments and of the result.
+
+    Custom rules (``custom_vjp``, ``custom_jvp``, ``custom_gradient``, ``linear_call``)
+    are traced while the trace is live; values they close over become explicit
+    operands.  ``closed_over`` says how derivatives with respect to such values are
+    formed ('auto', 'reverse', 'forward' or 'error'; see ``jaxpr_cc.closure.rules``),
+    ``max_forward_size`` bounds the forward policy, and ``rule_depth`` is how many
+    levels of rules-inside-rules are materialized (the derivative order supported
+    through self-referential rules such as a fixed-point solver's).  These three
+    keywords are options of ``trace`` and are not passed to ``fun``.
     """
+    from ..closure.convert import convert_program
+    from ..closure.session import session
+
     def flat_fun(args, kwargs):
         return fun(*args, **kwargs)
 
-    closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(
-        tuple(example_args), dict(example_kwargs))
+    options = dict(closed_over=closed_over, max_forward_size=max_forward_size,
+                   rule_depth=rule_depth)
+    with session(**options):
+        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(
+            tuple(example_args), dict(example_kwargs))
     in_tree = tree_util.tree_structure((tuple(example_args), dict(example_kwargs)))
     out_tree = tree_util.tree_structure(out_shape)
     names = argument_names(fun, example_args, example_kwargs)
-    return Program.from_jaxpr(closed, in_tree=in_tree, out_tree=out_tree,
-                              name=getattr(fun, "__name__", "program"), arg_names=names)
+    program = Program.from_jaxpr(closed, in_tree=in_tree, out_tree=out_tree,
+                                 name=getattr(fun, "__name__", "program"), arg_names=names)
+    if not program.is_first_order():
+        # Rules JAX staged without us (e.g. a jit body cached before this trace):
+        # materialize them from their thunks.
+        convert_program(program, **options)
+    return program
 
 
 def argument_names(fun: Callable, args: tuple, kwargs: dict) -> list[str]:

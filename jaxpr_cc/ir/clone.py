@@ -9,7 +9,11 @@ from .region import Region
 from .value import Value
 
 
-def clone_region(region: Region) -> Region:
+def clone_region(region: Region, memo: dict | None = None) -> Region:
+    """A deep copy; Regions shared between equations (a custom rule used at several
+    call sites) stay shared in the copy."""
+    if memo is None:
+        memo = {}
     new = Region(closed=region.closed, effects=region.effects, debug_info=region.debug_info)
     env: dict[Value, Value] = {}
     for v in region.constvars:
@@ -31,7 +35,7 @@ def clone_region(region: Region) -> Region:
             outputs.append(nv)
         params = eqn.params
         if eqn.has_regions():
-            params = {k: _clone_param(p) for k, p in params.items()}
+            params = {k: _clone_param(p, memo) for k, p in params.items()}
         else:
             params = dict(params)
         ne = Equation(eqn.prim, inputs, outputs, params, eqn.effects, eqn.source_info, eqn.ctx)
@@ -49,9 +53,12 @@ def clone_region(region: Region) -> Region:
     return new
 
 
-def _clone_param(p: Any) -> Any:
+def _clone_param(p: Any, memo: dict) -> Any:
     if isinstance(p, Region):
-        return clone_region(p)
+        hit = memo.get(id(p))
+        if hit is None or hit[0] is not p:
+            hit = memo[id(p)] = (p, clone_region(p, memo))
+        return hit[1]
     if type(p) is tuple and p and isinstance(p[0], Region):
-        return tuple(clone_region(r) for r in p)
+        return tuple(_clone_param(r, memo) for r in p)
     return p

@@ -1,0 +1,299 @@
+"""The ``closure-convert`` pass: materialize custom rules that are still JAX thunks.
+
+Programs built from a raw ``ClosedJaxpr`` (``jax.make_jaxpr``) carry JAX's staged
+rules: a fwd thunk, a bwd callable, a jvp thunk, a transpose thunk.  This pass calls
+them now, at the equation's argument types, and stores the results as first-order
+rules.  Rules that closed over tracers of a trace that has ended cannot be traced
+any more: that is reported in one line naming the rule's function and source line,
+with the fix (trace with ``jaxpr_cc.trace``, which materializes rules while the
+trace is live).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax import tree_util
+
+from .. import jax_adapter as jx
+from ..backends.jaxpr import region_to_closed_jaxpr
+from ..frontend.from_jaxpr import region_from_closed_jaxpr
+from ..ir.equation import Equation
+from ..ir.region import Region
+from ..ir.value import Value
+from . import naming
+from .errors import ClosureConversionError
+from .ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
+from .rules import RuleInfo, is_inexact
+from .session import _dedupe, _has_while, _insert_inputs, _with_consts
+
+
+def convert_program(program, *, closed_over: str = "auto", max_forward_size: int = 4096,
+                    rule_depth: int = 3, stats: dict | None = None):
+    """Make every custom rule of ``program`` first-order, in place; returns it."""
+    from .session import session
+    count = 0
+    with session(closed_over=closed_over, max_forward_size=max_forward_size,
+                 rule_depth=rule_depth):
+        for region in list(program.body.regions()):
+            for eqn in region.equations:
+                name = eqn.prim.name
+                if name in FIRST_ORDER_KEYS and not is_first_order_custom(name, eqn.params):
+                    _CONVERTERS[name](region, eqn, closed_over, max_forward_size)
+                    count += 1
+    if stats is not None:
+        stats["rules-materialized"] = stats.get("rules-materialized", 0) + count
+    return program
+
+
+def _fail(kind: str, fn: Any, err: Exception) -> ClosureConversionError:
+    target = jx.wrapped_fun_target(fn)
+    msg = " ".join(str(err).split())
+    first = msg.split(". ")[0][:200]
+    return ClosureConversionError(
+        f"custom_{kind} rule '{naming.name_of(target)}' ({naming.source_of(target)}) cannot be "
+        f"materialized: it closes over a value of a trace that has ended ({type(err).__name__}: "
+        f"{first}); trace the program with jaxpr_cc.trace, which materializes rules while the "
+        f"trace is live")
+
+
+def _trace(kind, fn_for_errors, f, avals, label):
+    try:
+        return jx.trace_flat(f, avals, label)
+    except (jx.UnexpectedTracerError, jax.errors.UnexpectedTracerError) as e:
+        raise _fail(kind, fn_for_errors, e) from None
+
+
+def _new_consts(region: Region, eqn: Equation, values: list) -> list[Value]:
+    """Operands for values a rule closed over (concrete arrays): constants of the region
+    that holds the equation (hoist-consts moves nested ones out)."""
+    return [region.add_const(jx.typeof(v), v, name=None) for v in values]
+
+
+def _check_concrete(kind, fn, values):
+    for v in values:
+        if isinstance(v, jx.Tracer):
+            raise _fail(kind, fn, jx.UnexpectedTracerError("a tracer of an ended trace"))
+
+
+def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_size: int):
+    p = eqn.params
+    nc = p["num_consts"]
+    call_region: Region = p["call_jaxpr"]
+    ops = list(eqn.inputs)
+    arg_avals = [a.aval for a in ops[nc:]]
+    thunk, bwd_fn = p["fwd_jaxpr_thunk"], p["bwd"]
+    try:
+        fwd_jaxpr, fwd_consts = jx.call_fwd_jaxpr_thunk(thunk, [True] * len(arg_avals))
+    except (jx.UnexpectedTracerError, jax.errors.UnexpectedTracerError) as e:
+        raise _fail("vjp", bwd_fn, e) from None
+    _check_concrete("vjp", bwd_fn, fwd_consts)
+    out_tree, res_tree, input_fwds = p["out_trees"]()
+    n_out = len(eqn.outputs)
+    out_avals = [v.aval for v in eqn.outputs]
+    fwd_open = _with_consts(jx.Jaxpr(fwd_jaxpr.constvars, fwd_jaxpr.invars, fwd_jaxpr.outvars,
+                                     fwd_jaxpr.eqns, fwd_jaxpr.effects, fwd_jaxpr.debug_info)
+                            if not fwd_jaxpr.constvars else _consts_first(fwd_jaxpr),
+                            list(fwd_consts), list(fwd_consts))
+    n_pruned = len(fwd_jaxpr.outvars) - n_out
+    pruned_avals = [v.aval for v in fwd_jaxpr.outvars[:n_pruned]]
+    # Full residual list: forwarded inputs are residuals too.
+    res_avals, it = [], iter(pruned_avals)
+    for f in input_fwds:
+        res_avals.append(arg_avals[f] if f is not None else next(it))
+    ct_avals = [jx.to_cotangent_aval(a) for a in out_avals]
+
+    def fwd_dense(*xs):
+        n_fc = len(fwd_consts)
+        outs = jx.eval_jaxpr(fwd_open, [], *xs[:n_fc], *xs[n_fc:])
+        pruned, y = outs[:n_pruned], outs[n_pruned:]
+        it2 = iter(pruned)
+        res = [xs[n_fc + f] if f is not None else next(it2) for f in input_fwds]
+        return [*y, *res]
+
+    def bwd_dense(*xs):
+        res, it3 = xs[:len(res_avals)], iter(xs[len(res_avals):])
+        cts = [next(it3) if is_inexact(a) else np.zeros(ct.shape, jax.dtypes.float0)
+               for a, ct in zip(out_avals, ct_avals)]
+        got = jx.call_wrapped(bwd_fn, *res, *cts)
+        got = [jx.instantiate_zero(g, a.to_ct_aval()) for g, a in zip(got, jx_in_avals)]
+        return [g for g, a in zip(got, jx_in_avals) if is_inexact(a)]
+
+    # JAX's bwd produces cotangents for the primal's own consts too (as zeros).
+    jx_in_avals = [a.aval for a in ops]
+    f_j, f_c, _ = _trace("vjp", bwd_fn, fwd_dense,
+                         [jx.typeof(c) for c in fwd_consts] + arg_avals, "custom_vjp fwd")
+    f_j = _insert_inputs(f_j, 0, [])
+    b_j, b_c, _ = _trace("vjp", bwd_fn, bwd_dense,
+                         res_avals + [a for a, o in zip(ct_avals, out_avals) if is_inexact(o)],
+                         "custom_vjp bwd")
+    _check_concrete("vjp", bwd_fn, f_c + b_c)
+    _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, list(fwd_consts),
+                f_j, f_c, b_j, b_c, len(res_avals), bwd_fn)
+
+
+def _consts_first(jaxpr):
+    return jx.Jaxpr([], list(jaxpr.constvars) + list(jaxpr.invars), jaxpr.outvars, jaxpr.eqns,
+                    jaxpr.effects, jx.fit_debug_info(jaxpr.debug_info,
+                                                     len(jaxpr.constvars) + len(jaxpr.invars),
+                                                     len(jaxpr.outvars)))
+
+
+def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, fwd_consts,
+                f_j, f_c, b_j, b_c, num_res, bwd_fn):
+    """Assemble the first-order equation: operands (jax consts, new consts, args)."""
+    ops = list(eqn.inputs)
+    jax_consts, args = ops[:nc], ops[nc:]
+    # fwd_dense takes (fwd_consts, args) plus its own trace consts f_c; bwd takes (res, ct) + b_c.
+    extra = _dedupe(list(fwd_consts) + list(f_c) + list(b_c))
+    new_vals = _new_consts(region, eqn, extra)
+    n_new = len(extra)
+    call = region_to_closed_jaxpr(call_region)
+    c_avals = [a.aval for a in jax_consts] + [jx.typeof(v) for v in extra]
+    # call: (jax_consts, args) -> y      ==> (jax_consts, extra, args) -> y
+    call_j = _insert_inputs(call.jaxpr, nc, [jx.typeof(v) for v in extra])
+    # fwd: (fwd_consts, f_c, args) -> (y, r)    ==> (jax_consts, extra, args)
+    fwd_j = _rebase(f_j, list(fwd_consts) + list(f_c), jax_consts, extra, lead=len(fwd_consts) + len(f_c))
+    bwd_j = _rebase(b_j, list(b_c), jax_consts, extra, lead=len(b_c))
+    # JAX's bwd returned cotangents for the primal's own consts first: drop those outputs.
+    n_inexact_consts = sum(1 for a in jax_consts if is_inexact(a.aval))
+    bwd_j = jx.Jaxpr(bwd_j.constvars, bwd_j.invars, bwd_j.outvars[n_inexact_consts:], bwd_j.eqns,
+                     bwd_j.effects, jx.fit_debug_info(bwd_j.debug_info, len(bwd_j.invars),
+                                                      len(bwd_j.outvars) - n_inexact_consts))
+    target = jx.wrapped_fun_target(bwd_fn)
+    info = RuleInfo(name=naming.name_of(target), source=naming.source_of(target),
+                    const_names=tuple(f"const{i}" for i in range(nc + n_new)),
+                    closed_over=closed_over, max_forward_size=max_forward_size,
+                    reverse_ok=not _has_while(call_j))
+    memo: dict = {}
+    params = {
+        "call_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(call_j, []), None, memo),
+        "fwd_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(fwd_j, []), None, memo),
+        "bwd_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(bwd_j, []), None, memo),
+        "num_consts": nc + n_new, "num_res": num_res,
+        "symbolic_zeros": bool(eqn.params.get("symbolic_zeros", False)), "depth_limit": None,
+        "name": info.name, "source": info.source, "const_names": info.const_names,
+        "closed_over": closed_over, "max_forward_size": max_forward_size,
+        "reverse_ok": info.reverse_ok,
+    }
+    _replace_equation(region, eqn, jax_consts + new_vals + args, params)
+    del c_avals
+
+
+def _rebase(jaxpr, lead_values, jax_consts, extra, *, lead: int):
+    """A jaxpr taking ``lead`` values (identified in ``lead_values``) and then its own
+    inputs -> one taking (jax_consts, extra, own inputs)."""
+    lead_vars = jaxpr.invars[:lead]
+    rest = jaxpr.invars[lead:]
+    by_id = {id(v): var for v, var in zip(lead_values, lead_vars)}
+    invars = [jx.Var(a.aval) for a in jax_consts]
+    for v in extra:
+        invars.append(by_id.get(id(v)) or jx.Var(jx.typeof(v)))
+    invars += rest
+    return jx.Jaxpr([], invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects,
+                    jx.fit_debug_info(jaxpr.debug_info, len(invars), len(jaxpr.outvars)))
+
+
+def _replace_equation(region: Region, eqn: Equation, inputs, params) -> None:
+    outs = [Value(v.aval, None, 0, v.name) for v in eqn.outputs]
+    new = Equation(eqn.prim, list(inputs), outs, params, eqn.effects, eqn.source_info, eqn.ctx)
+    region.insert_before(eqn, new)
+    for old, nv in zip(eqn.outputs, outs):
+        region.replace_all_uses_with(old, nv)
+    region.erase(eqn)
+
+
+def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_size: int):
+    p = eqn.params
+    nc = p["num_consts"]
+    ops = list(eqn.inputs)
+    jax_consts, args = ops[:nc], ops[nc:]
+    arg_avals = [a.aval for a in args]
+    out_avals = [v.aval for v in eqn.outputs]
+    n_out = len(out_avals)
+    jvp_fun = p["jvp_jaxpr_fun"]
+    t_avals = [a for a in arg_avals if is_inexact(a)]
+
+    def jvp_dense(*xs):
+        consts_, primals = xs[:nc], xs[nc:nc + len(args)]
+        it = iter(xs[nc + len(args):])
+        tangents = [next(it) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
+                    for a in arg_avals]
+        c_t = [np.zeros(a.aval.shape, jax.dtypes.float0) if not is_inexact(a.aval)
+               else jax.numpy.zeros(a.aval.shape, a.aval.dtype) for a in jax_consts]
+        jvp_jaxpr, jvp_consts = _call_jvp_thunk(jvp_fun, [False] * nc + [True] * len(args))
+        outs = jx.eval_jaxpr(jvp_jaxpr, jvp_consts, *consts_, *primals, *c_t, *tangents)
+        y, t = outs[:n_out], outs[n_out:]
+        t = [jx.instantiate_zero(ti, a) for ti, a in zip(t, out_avals)]
+        return [*y, *[ti for ti, a in zip(t, out_avals) if is_inexact(a)]]
+
+    j_j, j_c, _ = _trace("jvp", jvp_fun, jvp_dense,
+                         [a.aval for a in jax_consts] + arg_avals + t_avals, "custom_jvp jvp")
+    _check_concrete("jvp", jvp_fun, j_c)
+    extra = _dedupe(list(j_c))
+    new_vals = _new_consts(region, eqn, extra)
+    call = region_to_closed_jaxpr(p["call_jaxpr"])
+    call_j = _insert_inputs(call.jaxpr, nc, [jx.typeof(v) for v in extra])
+    # jvp: (j_c, jax_consts, args, t) -> ... ==> (jax_consts, extra, args, t)
+    lead = j_j.invars[:len(j_c)]
+    by_id = {id(v): var for v, var in zip(j_c, lead)}
+    invars = list(j_j.invars[len(j_c):len(j_c) + nc])
+    invars += [by_id.get(id(v)) or jx.Var(jx.typeof(v)) for v in extra]
+    invars += list(j_j.invars[len(j_c) + nc:])
+    jvp_j = jx.Jaxpr([], invars, j_j.outvars, j_j.eqns, j_j.effects,
+                     jx.fit_debug_info(j_j.debug_info, len(invars), len(j_j.outvars)))
+    target = jx.wrapped_fun_target(jvp_fun)
+    memo: dict = {}
+    params = {
+        "call_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(call_j, []), None, memo),
+        "jvp_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(jvp_j, []), None, memo),
+        "num_consts": nc + len(extra), "symbolic_zeros": bool(p.get("symbolic_zeros", False)),
+        "depth_limit": None, "name": naming.name_of(target), "source": naming.source_of(target),
+        "const_names": tuple(f"const{i}" for i in range(nc + len(extra))),
+        "closed_over": closed_over, "max_forward_size": max_forward_size,
+        "reverse_ok": not _has_while(call_j),
+    }
+    _replace_equation(region, eqn, jax_consts + new_vals + args, params)
+
+
+def _call_jvp_thunk(jvp_fun, nonzeros):
+    """JAX's staged custom_jvp rule: ``jvp_jaxpr_fun(*nonzeros) -> (jaxpr, consts)``."""
+    try:
+        out = jx.call_wrapped(jvp_fun, *nonzeros)
+    except (jx.UnexpectedTracerError, jax.errors.UnexpectedTracerError) as e:
+        raise _fail("jvp", jvp_fun, e) from None
+    jaxpr, consts = out[0], out[1]
+    return jaxpr, consts
+
+
+def _convert_linear(region: Region, eqn: Equation, closed_over: str, max_forward_size: int):
+    p = eqn.params
+    n_cc, n_res = p["num_callee_consts"], p["num_res"]
+    thunk = p["transpose_thunk"]
+    try:
+        t_closed, t_consts = thunk()
+    except (jx.UnexpectedTracerError, jax.errors.UnexpectedTracerError) as e:
+        raise _fail("linear_call transpose", thunk, e) from None
+    _check_concrete("linear_call transpose", thunk, t_consts)
+    ops = list(eqn.inputs)
+    cc, res, lin = ops[:n_cc], ops[n_cc:n_cc + n_res], ops[n_cc + n_res:]
+    new_vals = _new_consts(region, eqn, list(t_consts))
+    callee = region_to_closed_jaxpr(p["callee"])
+    callee_j = _insert_inputs(callee.jaxpr, n_cc, [jx.typeof(v) for v in t_consts])
+    t_j = _consts_first(t_closed.jaxpr) if t_closed.jaxpr.constvars else t_closed.jaxpr
+    t_j = _insert_inputs(t_j, 0, [a.aval for a in cc])
+    memo: dict = {}
+    params = {
+        "callee": region_from_closed_jaxpr(jx.ClosedJaxpr(callee_j, []), None, memo),
+        "transpose_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(t_j, list(t_closed.consts))
+                                                    if t_closed.consts else jx.ClosedJaxpr(t_j, []),
+                                                    None, memo),
+        "num_callee_consts": 0, "num_res": n_cc + len(t_consts) + n_res, "depth_limit": None,
+    }
+    _replace_equation(region, eqn, cc + new_vals + res + lin, params)
+
+
+_CONVERTERS = {"custom_vjp_call": _convert_vjp, "custom_jvp_call": _convert_jvp,
+               "linear_call": _convert_linear}
+del tree_util

@@ -1,0 +1,128 @@
+"""Custom-rule equations between JAX's form and the IR's first-order form.
+
+A table keyed by primitive name, used by the generic jaxpr <-> IR drivers:
+
+* ``import_params(jaxpr_eqn, to_region)``: a ``custom_vjp_call`` / ``custom_jvp_call``
+  / ``linear_call`` equation that jaxpr-cc re-bound (its rule callable carries a
+  first-order rule) gets params that hold only Regions and plain data;
+* ``export_params(eqn, in_avals, from_region)``: such an equation gets JAX's params
+  back, by binding the rule through JAX's public custom-derivative APIs
+  (``rules.build_*``), so AD, vmap and jit use the user's rules.
+
+First-order params (every Region constant-free):
+
+* custom_vjp_call: call_jaxpr, fwd_jaxpr, bwd_jaxpr, num_consts, num_res, symbolic_zeros,
+  name, source, const_names, closed_over, max_forward_size, reverse_ok, depth_limit
+  (fwd_jaxpr / bwd_jaxpr are absent when the rule was not materialized, depth_limit set)
+* custom_jvp_call: call_jaxpr, jvp_jaxpr, num_consts, symbolic_zeros, + the same info fields
+* linear_call: callee, transpose_jaxpr, num_callee_consts (always 0), num_res, depth_limit
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .rules import (JVPRule, LinearRule, RuleInfo, VJPRule, bind_linear_rule, build_custom_jvp,
+                    build_custom_vjp, rule_of)
+
+FIRST_ORDER_KEYS = {
+    "custom_vjp_call": "bwd_jaxpr",
+    "custom_jvp_call": "jvp_jaxpr",
+    "linear_call": "transpose_jaxpr",
+}
+_INFO_FIELDS = ("name", "source", "const_names", "closed_over", "max_forward_size", "reverse_ok")
+
+
+def is_first_order_custom(name: str, params: dict) -> bool:
+    key = FIRST_ORDER_KEYS.get(name)
+    return key is not None and ("depth_limit" in params) and (
+        key in params or params.get("depth_limit") is not None)
+
+
+def _info_params(info: RuleInfo) -> dict:
+    return {f: getattr(info, f) for f in _INFO_FIELDS}
+
+
+def _info_from(params: dict) -> RuleInfo:
+    return RuleInfo(**{f: params[f] for f in _INFO_FIELDS})
+
+
+# ------------------------------------------------------------------ import
+def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
+    p = {"call_jaxpr": to_region(rule.call)}
+    if rule.fwd is not None:
+        p["fwd_jaxpr"] = to_region(rule.fwd)
+        p["bwd_jaxpr"] = to_region(rule.bwd)
+    p.update(num_consts=rule.num_consts, num_res=rule.num_res,
+             symbolic_zeros=rule.symbolic_zeros, depth_limit=rule.depth_limit)
+    p.update(_info_params(rule.info))
+    return p
+
+
+def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
+    p = {"call_jaxpr": to_region(rule.call)}
+    if rule.jvp is not None:
+        p["jvp_jaxpr"] = to_region(rule.jvp)
+    p.update(num_consts=rule.num_consts, symbolic_zeros=rule.symbolic_zeros,
+             depth_limit=rule.depth_limit)
+    p.update(_info_params(rule.info))
+    return p
+
+
+def _import_linear(jparams: dict, rule: LinearRule, to_region: Callable) -> dict:
+    p = {"callee": to_region(rule.callee)}
+    if rule.transpose is not None:
+        p["transpose_jaxpr"] = to_region(rule.transpose)
+    p.update(num_callee_consts=0, num_res=rule.num_res, depth_limit=rule.depth_limit)
+    return p
+
+
+_IMPORT = {"custom_vjp_call": _import_vjp, "custom_jvp_call": _import_jvp,
+           "linear_call": _import_linear}
+
+
+def import_params(name: str, jparams: dict, to_region: Callable) -> dict | None:
+    """First-order params for a JAX custom equation, or None if it is not ours."""
+    rule = rule_of(jparams, name)
+    if rule is None:
+        return None
+    if name in ("custom_vjp_call", "custom_jvp_call") and jparams.get("num_consts", 0) != 0:
+        return None  # JAX lifted values of its own: keep JAX's form (closure-convert handles it)
+    return _IMPORT[name](jparams, rule, to_region)
+
+
+# ------------------------------------------------------------------ export
+def _rule_from_params(name: str, params: dict, from_region: Callable):
+    get = lambda k: from_region(params[k]) if k in params else None  # noqa: E731
+    if name == "custom_vjp_call":
+        return VJPRule(info=_info_from(params), call=get("call_jaxpr"), fwd=get("fwd_jaxpr"),
+                       bwd=get("bwd_jaxpr"), num_consts=params["num_consts"],
+                       num_res=params["num_res"], symbolic_zeros=params["symbolic_zeros"],
+                       depth_limit=params["depth_limit"])
+    if name == "custom_jvp_call":
+        return JVPRule(info=_info_from(params), call=get("call_jaxpr"), jvp=get("jvp_jaxpr"),
+                       num_consts=params["num_consts"], symbolic_zeros=params["symbolic_zeros"],
+                       depth_limit=params["depth_limit"])
+    info = RuleInfo(name="linear_call", source="<linear_call>", const_names=())
+    return LinearRule(info=info, callee=get("callee"), transpose=get("transpose_jaxpr"),
+                      num_res=params["num_res"], depth_limit=params["depth_limit"])
+
+
+def export_params(name: str, params: dict, in_avals, from_region: Callable) -> tuple[Any, dict]:
+    """(primitive, JAX params) for a first-order custom equation."""
+    from .. import jax_adapter as jx
+    rule = _rule_from_params(name, params, from_region)
+    if name == "custom_vjp_call":
+        g = build_custom_vjp(rule)
+    elif name == "custom_jvp_call":
+        g = build_custom_jvp(rule)
+    else:
+        g = lambda *ops: bind_linear_rule(rule, ops)  # noqa: E731
+    jaxpr, consts, _ = jx.trace_flat(lambda *ops: list(g(*ops)), list(in_avals), f"emit {name}")
+    eqns = [e for e in jaxpr.eqns if e.primitive.name == name]
+    if len(eqns) != 1 or consts or len(jaxpr.eqns) != 1:
+        raise RuntimeError(f"re-binding {name} produced {len(jaxpr.eqns)} equations; expected one")
+    eqn = eqns[0]
+    n_lead = len(eqn.invars) - len(in_avals)
+    if n_lead != 0:
+        raise RuntimeError(f"re-binding {name} added {n_lead} operands")
+    return eqn.primitive, dict(eqn.params)

@@ -1,0 +1,331 @@
+"""First-order custom rules and their re-binding through JAX's public APIs.
+
+A rule here holds only constant-free ``ClosedJaxpr``s: every value the user's
+Python rule closed over is a leading operand (``num_consts`` of them) of the
+custom equation.  Layouts (``c`` = closed-over values, ``x`` = the function's
+flattened dynamic arguments, ``r`` = residuals, ``ct``/``t`` = cotangents/tangents,
+which exist for inexact leaves only):
+
+* VJP   call: (c, x) -> y      fwd: (c, x) -> (y, r)      bwd: (c, r, ct_y) -> ct_x
+* JVP   call: (c, x) -> y      jvp: (c, x, t_x) -> (y, t_y)
+* linear_call  callee: (r, x) -> y      transpose: (r, ct_y) -> ct_x
+
+``build_*`` turn a rule back into a ``jax.custom_vjp`` / ``jax.custom_jvp`` function
+(or bind ``linear_call``), so that JAX's AD uses the user's rule exactly.  The
+derivative with respect to closed-over values, which the user's rule cannot give,
+follows the rule's ``closed_over`` policy (see ``const_mode``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util
+from jax.custom_derivatives import SymbolicZero
+
+from .. import jax_adapter as jx
+from .errors import ClosedOverError, RuleDepthError
+
+CLOSED_OVER_MODES = ("auto", "error", "reverse", "forward")
+
+
+def is_inexact(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def run(closed, *args):
+    return jx.eval_jaxpr(closed.jaxpr, closed.consts, *args)
+
+
+@dataclass(frozen=True, eq=False)
+class RuleInfo:
+    """What every rule records about where it came from and its closed-over values."""
+    name: str                          # the user's Python function name
+    source: str                        # "file.py:line" of that function
+    const_names: tuple[str, ...]       # best-effort Python names of the closed-over values
+    closed_over: str = "auto"          # policy for derivatives w.r.t. closed-over values
+    max_forward_size: int = 4096       # forward policy: max total elements of those values
+    reverse_ok: bool = True            # the primal has no while_loop outside custom rules
+
+    def describe_const(self, i: int, aval) -> str:
+        name = self.const_names[i] if i < len(self.const_names) else f"const{i}"
+        return f"'{name}' ({aval.str_short(short_dtypes=True)})"
+
+    def const_mode(self, kind: str, perturbed: list[bool], const_avals) -> str:
+        """'none' when no closed-over value is perturbed, else 'reverse' / 'forward',
+        or raise ClosedOverError as the policy says."""
+        hot = [i for i, p in enumerate(perturbed) if p]
+        if not hot:
+            return "none"
+        mode = self.closed_over
+        size = sum(int(np.prod(const_avals[i].shape)) for i in hot)
+        if mode == "auto":
+            if kind == "jvp":
+                mode = "forward"  # a jvp of the primal w.r.t. the values is exact and cheap
+            elif self.reverse_ok:
+                mode = "reverse"
+            elif size <= self.max_forward_size:
+                mode = "forward"
+            else:
+                mode = "error"
+        if mode == "forward" and kind == "vjp" and size > self.max_forward_size:
+            raise ClosedOverError(
+                f"{kind} rule '{self.name}' ({self.source}) closes over "
+                f"{self.describe_const(hot[0], const_avals[hot[0]])}, which is being differentiated; "
+                f"forward mode would need {size} jvp columns > max_forward_size={self.max_forward_size}: "
+                f"raise max_forward_size or use closed_over='reverse'")
+        if mode == "error":
+            raise ClosedOverError(
+                f"custom_{kind} rule '{self.name}' ({self.source}) closes over "
+                f"{self.describe_const(hot[0], const_avals[hot[0]])}, which is being differentiated, "
+                f"and its rule gives no derivative for it: pass it as an argument, or trace with "
+                f"closed_over='auto' (or 'reverse' / 'forward')")
+        return mode
+
+
+@dataclass(frozen=True, eq=False)
+class VJPRule:
+    info: RuleInfo
+    call: Any                   # ClosedJaxpr (c, x) -> y
+    fwd: Any | None             # ClosedJaxpr (c, x) -> (y, r); None when depth-truncated
+    bwd: Any | None             # ClosedJaxpr (c, r, ct_y) -> ct_x (inexact x only)
+    num_consts: int
+    num_res: int
+    symbolic_zeros: bool = False  # the user's flag (rules are stored dense)
+    depth_limit: int | None = None  # set when truncated: the rule_depth that stopped it
+
+    def replace(self, **kw) -> "VJPRule":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclass(frozen=True, eq=False)
+class JVPRule:
+    info: RuleInfo
+    call: Any                   # ClosedJaxpr (c, x) -> y
+    jvp: Any | None             # ClosedJaxpr (c, x, t_x) -> (y, t_y)  (inexact leaves only)
+    num_consts: int
+    symbolic_zeros: bool = False
+    depth_limit: int | None = None
+
+    def replace(self, **kw) -> "JVPRule":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclass(frozen=True, eq=False)
+class LinearRule:
+    info: RuleInfo
+    callee: Any                 # ClosedJaxpr (r, x) -> y
+    transpose: Any | None       # ClosedJaxpr (r, ct_y) -> ct_x
+    num_res: int
+    depth_limit: int | None = None
+
+
+def _zeros(aval):
+    if jnp.issubdtype(aval.dtype, jax.dtypes.float0):
+        return np.zeros(aval.shape, jax.dtypes.float0)
+    return jnp.zeros(aval.shape, aval.dtype)
+
+
+def _dense(t, aval):
+    if t is None or type(t) is SymbolicZero:
+        return _zeros(aval)
+    return t
+
+
+def _truncated(kind: str, info: RuleInfo, limit: int):
+    raise RuleDepthError(
+        f"custom_{kind} rule '{info.name}' ({info.source}) is nested {limit} rules deep and was "
+        f"not materialized; differentiating to this order needs jaxpr_cc.trace(..., rule_depth={limit + 1})")
+
+
+@tree_util.register_pytree_node_class
+class _Saved:
+    """Residuals of a rebuilt VJP: the closed-over values, the user's residuals, and
+    (for derivatives w.r.t. closed-over values) the primal arguments.  ``mode`` is
+    static, so the bwd knows which derivative to form without recomputing it."""
+
+    def __init__(self, mode, consts, res, args):
+        self.mode, self.consts, self.res, self.args = mode, consts, res, args
+
+    def tree_flatten(self):
+        return (self.consts, self.res, self.args), self.mode
+
+    @classmethod
+    def tree_unflatten(cls, mode, children):
+        return cls(mode, *children)
+
+
+def _forward_const_cotangents(call, consts, args, hot, cts, out_avals):
+    """Cotangents of the perturbed closed-over values by forward mode: one jvp per
+    element (vmapped), contracted with the output cotangents.  Works through
+    while_loop, where reverse mode does not."""
+    hot_vals = [consts[i] for i in hot]
+    sizes = [int(np.prod(jnp.shape(v))) for v in hot_vals]
+    n = sum(sizes)
+
+    def f(*hv):
+        full = list(consts)
+        for i, v in zip(hot, hv):
+            full[i] = v
+        return run(call, *full, *args)
+
+    def column(e):
+        tangents, off = [], 0
+        for v, s in zip(hot_vals, sizes):
+            tangents.append(e[off:off + s].reshape(jnp.shape(v)).astype(jnp.result_type(v)))
+            off += s
+        _, t_out = jax.jvp(f, tuple(hot_vals), tuple(tangents))
+        total = jnp.zeros((), jnp.float32)
+        for t, ct, a in zip(t_out, cts, out_avals):
+            if is_inexact(a):
+                total = total + jnp.sum(jnp.real(t * jnp.conj(ct)) if jnp.iscomplexobj(t)
+                                        else t * ct).astype(jnp.float32)
+        return total
+
+    basis = jnp.eye(n, dtype=jnp.float32)
+    flat = jax.vmap(column)(basis)
+    out, off = [], 0
+    for v, s in zip(hot_vals, sizes):
+        out.append(flat[off:off + s].reshape(jnp.shape(v)).astype(jnp.result_type(v)))
+        off += s
+    return out
+
+
+def build_custom_vjp(rule: VJPRule):
+    """A ``jax.custom_vjp`` function of ``(*c, *x)`` that runs the rule's jaxprs."""
+    info, nc, nr = rule.info, rule.num_consts, rule.num_res
+    in_avals = rule.call.in_avals
+    out_avals = rule.call.out_avals
+    n_out = len(out_avals)
+    arg_avals = in_avals[nc:]
+    const_avals = in_avals[:nc]
+
+    def primal(*ops):
+        return run(rule.call, *ops)
+
+    primal.__name__ = primal.__qualname__ = info.name
+    g = jax.custom_vjp(primal)
+
+    def fwd(*prims):
+        vals = [p.value for p in prims]
+        if rule.fwd is None:
+            _truncated("vjp", info, rule.depth_limit)
+        mode = info.const_mode("vjp", [p.perturbed for p in prims[:nc]], const_avals)
+        outs_res = run(rule.fwd, *vals)
+        outs, res = outs_res[:n_out], outs_res[n_out:]
+        keep_args = tuple(vals[nc:]) if mode != "none" else ()
+        hot = tuple(i for i, p in enumerate(prims[:nc]) if p.perturbed)
+        return list(outs), _Saved((mode, hot), tuple(vals[:nc]), tuple(res), keep_args)
+
+    def bwd(saved, cts):
+        mode, hot = saved.mode
+        cts = [_dense(c, a.to_cotangent_aval() if hasattr(a, "to_cotangent_aval") else a)
+               if is_inexact(a) else None for c, a in zip(cts, out_avals)]
+        dense_cts = [c for c in cts if c is not None]
+        arg_cts_inexact = run(rule.bwd, *saved.consts, *saved.res, *dense_cts)
+        it = iter(arg_cts_inexact)
+        arg_cts = [next(it) if is_inexact(a) else None for a in arg_avals]
+        const_cts: list = [None] * nc
+        if mode == "reverse":
+            def f(*cs):
+                return run(rule.call, *cs, *saved.args)
+            _, vjp_fn = jax.vjp(f, *saved.consts)
+            full_cts = [c if c is not None else _zeros(a) for c, a in zip(cts, out_avals)]
+            got = vjp_fn(list(full_cts))
+            for i in hot:
+                const_cts[i] = got[i]
+        elif mode == "forward":
+            got = _forward_const_cotangents(rule.call, list(saved.consts), list(saved.args), hot,
+                                            [c if c is not None else 0 for c in cts], out_avals)
+            for i, v in zip(hot, got):
+                const_cts[i] = v
+        return tuple(const_cts + arg_cts)
+
+    g.defvjp(fwd, bwd, symbolic_zeros=True)
+    bwd._jaxpr_cc_rule = rule  # lets the IR recognise this equation's first-order rule
+    g._jaxpr_cc_rebuilt = True
+    return g
+
+
+def build_custom_jvp(rule: JVPRule):
+    """A ``jax.custom_jvp`` function of ``(*c, *x)`` that runs the rule's jaxprs."""
+    info, nc = rule.info, rule.num_consts
+    in_avals = rule.call.in_avals
+    out_avals = rule.call.out_avals
+    const_avals, arg_avals = in_avals[:nc], in_avals[nc:]
+    n_out = len(out_avals)
+
+    def primal(*ops):
+        return run(rule.call, *ops)
+
+    primal.__name__ = primal.__qualname__ = info.name
+    g = jax.custom_jvp(primal)
+
+    def jvp(primals, tangents):
+        consts, args = list(primals[:nc]), list(primals[nc:])
+        t_consts, t_args = tangents[:nc], tangents[nc:]
+        if rule.jvp is None:
+            _truncated("jvp", info, rule.depth_limit)
+        perturbed = [type(t) is not SymbolicZero for t in t_consts]
+        mode = info.const_mode("jvp", perturbed, const_avals)
+        dense = [_dense(t, a) for t, a in zip(t_args, arg_avals) if is_inexact(a)]
+        res = run(rule.jvp, *consts, *args, *dense)
+        outs, t_in = res[:n_out], iter(res[n_out:])
+        t_outs = [next(t_in) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
+                  for a in out_avals]
+        if mode != "none":
+            hot = [i for i, p in enumerate(perturbed) if p]
+
+            def f(*hv):
+                full = list(consts)
+                for i, v in zip(hot, hv):
+                    full[i] = v
+                return run(rule.call, *full, *args)
+            _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
+                               tuple(t_consts[i] for i in hot))
+            t_outs = [t + e if is_inexact(a) else t for t, e, a in zip(t_outs, extra, out_avals)]
+        return list(outs), t_outs
+
+    g.defjvp(jvp, symbolic_zeros=True)
+    jvp._jaxpr_cc_rule = rule
+    g._jaxpr_cc_rebuilt = True
+    return g
+
+
+class _TransposeThunk:
+    """``linear_call``'s transpose thunk for a first-order rule."""
+
+    def __init__(self, rule: LinearRule):
+        self._jaxpr_cc_rule = rule
+
+    def __call__(self):
+        rule = self._jaxpr_cc_rule
+        if rule.transpose is None:
+            _truncated("linear_call transpose", rule.info, rule.depth_limit)
+        return rule.transpose, []
+
+
+def bind_linear_rule(rule: LinearRule, operands):
+    """Bind ``linear_call`` for a first-order rule on ``(*r, *x)``."""
+    return jx.bind_linear_call(list(operands), callee=rule.callee,
+                               transpose_thunk=_TransposeThunk(rule),
+                               num_callee_consts=0, num_res=rule.num_res)
+
+
+def rule_of(eqn_params: dict, prim_name: str):
+    """The first-order rule a JAX custom equation was built from, if it was ours."""
+    if prim_name == "custom_vjp_call":
+        return getattr(jx.wrapped_fun_target(eqn_params.get("bwd")), "_jaxpr_cc_rule", None)
+    if prim_name == "custom_jvp_call":
+        return getattr(jx.wrapped_fun_target(eqn_params.get("jvp_jaxpr_fun")), "_jaxpr_cc_rule", None)
+    if prim_name == "linear_call":
+        return getattr(eqn_params.get("transpose_thunk"), "_jaxpr_cc_rule", None)
+    return None
+
+
+del partial

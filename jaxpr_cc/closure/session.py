@@ -1,0 +1,481 @@
+"""Trace-time closure conversion: custom rules are traced while the trace is live.
+
+While a :class:`TraceSession` is active on this thread, calls of ``jax.custom_vjp``
+/ ``jax.custom_jvp`` functions and binds of ``linear_call`` are intercepted.  Each
+rule (primal, fwd/bwd, jvp, transpose) is traced to a jaxpr at once; the values it
+closes over — constants and tracers of the enclosing traces — are lifted to explicit
+leading operands; and the call is re-bound through a first-order rule
+(``rules.build_*``), which JAX stages as an ordinary custom equation.
+
+Rules are cached by (custom function, static arguments, argument types, depth), so
+1,000 calls of the same function trace its rules once.  A rule whose own body calls
+custom functions (the tutorial's ``fixed_point`` calls itself in its fwd and bwd,
+with a new function at every level) would unfold forever if every level were traced
+eagerly, so rules are materialized to ``rule_depth`` levels of nesting; deeper ones
+keep their primal and raise a clear error if differentiated.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+from jax import tree_util
+from jax.custom_derivatives import CustomVJPPrimal
+
+from .. import jax_adapter as jx
+from . import naming
+from .errors import ClosureConversionError
+from .rules import (CLOSED_OVER_MODES, JVPRule, LinearRule, RuleInfo, VJPRule, bind_linear_rule,
+                    build_custom_jvp, build_custom_vjp, is_inexact)
+
+_local = threading.local()
+_install_lock = threading.Lock()
+_installed = False
+_originals: dict[str, Any] = {}
+
+
+def current() -> "TraceSession | None":
+    return getattr(_local, "session", None)
+
+
+class TraceSession:
+    def __init__(self, closed_over: str = "auto", max_forward_size: int = 4096,
+                 rule_depth: int = 3):
+        if closed_over not in CLOSED_OVER_MODES:
+            raise ValueError(f"closed_over must be one of {', '.join(CLOSED_OVER_MODES)}, "
+                             f"got {closed_over!r}")
+        if rule_depth < 1:
+            raise ValueError(f"rule_depth must be at least 1, got {rule_depth}")
+        self.closed_over = closed_over
+        self.max_forward_size = int(max_forward_size)
+        self.rule_depth = int(rule_depth)
+        self.depth = 0
+        self.cache: dict[Any, Any] = {}
+        self.keepalive: list[Any] = []
+        self.rules_traced = 0
+
+    # ------------------------------------------------------------ helpers
+    @contextlib.contextmanager
+    def deeper(self):
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def _static_key(self, value: Any) -> Any:
+        if isinstance(value, (jax.Array, np.ndarray, jx.Tracer)):
+            self.keepalive.append(value)
+            return ("id", id(value))
+        try:
+            hash(value)
+        except TypeError:
+            self.keepalive.append(value)
+            return ("id", id(value))
+        return ("v", type(value), value)
+
+    def info(self, fn, consts, roots) -> RuleInfo:
+        return RuleInfo(name=naming.name_of(fn), source=naming.source_of(fn),
+                        const_names=naming.const_names(consts, roots),
+                        closed_over=self.closed_over, max_forward_size=self.max_forward_size)
+
+    # --------------------------------------------------------- custom_vjp
+    def call_custom_vjp(self, cvjp, args, kwargs):
+        args = jx.resolve_kwargs(cvjp.fun, args, kwargs)
+        nondiff = tuple(cvjp.nondiff_argnums)
+        static = [args[i] for i in nondiff]
+        dyn = [a for i, a in enumerate(args) if i not in nondiff]
+        flat, in_tree = tree_util.tree_flatten(dyn)
+        avals = tuple(jx.typeof(x) for x in flat)
+        key = ("vjp", id(cvjp), tuple(self._static_key(s) for s in static), in_tree, avals,
+               self.depth >= self.rule_depth)
+        self.keepalive.append(cvjp)
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self.cache[key] = self._materialize_vjp(cvjp, static, nondiff, in_tree, avals,
+                                                          len(args))
+        rule, consts, out_tree, g = hit
+        outs = g(*consts, *flat)
+        return tree_util.tree_unflatten(out_tree, outs)
+
+    def _merge(self, static, nondiff, n_args, dyn):
+        full, s, d = [], iter(static), iter(dyn)
+        for i in range(n_args):
+            full.append(next(s) if i in nondiff else next(d))
+        return full
+
+    def _materialize_vjp(self, cvjp, static, nondiff, in_tree, avals, n_args):
+        self.rules_traced += 1
+        out_store = {}
+
+        def primal_flat(*xs):
+            out = cvjp.fun(*self._merge(static, nondiff, n_args, tree_util.tree_unflatten(in_tree, xs)))
+            leaves, out_store["tree"] = tree_util.tree_flatten(out)
+            return leaves
+
+        p_jaxpr, p_consts, out_avals = jx.trace_flat(primal_flat, avals, "custom_vjp primal")
+        out_tree = out_store["tree"]
+        truncated = self.depth >= self.rule_depth
+        f_jaxpr = b_jaxpr = None
+        f_consts: list = []
+        b_consts: list = []
+        num_res = 0
+        if not truncated:
+            with self.deeper():
+                f_jaxpr, f_consts, num_res, res_tree = self._trace_vjp_fwd(
+                    cvjp, static, nondiff, n_args, in_tree, avals, out_tree)
+                res_avals = None
+                b_jaxpr, b_consts = self._trace_vjp_bwd(
+                    cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res, res_tree)
+                del res_avals
+        consts = _dedupe(p_consts + f_consts + b_consts)
+        n_c = len(consts)
+        call = _close(_with_consts(p_jaxpr, p_consts, consts))
+        fwd = _close(_with_consts(f_jaxpr, f_consts, consts)) if f_jaxpr is not None else None
+        bwd = _close(_with_consts(b_jaxpr, b_consts, consts)) if b_jaxpr is not None else None
+        info = self.info(cvjp.fun, consts, [cvjp.fun, cvjp.fwd, cvjp.bwd, *static])
+        info = _with_reverse_ok(info, call)
+        rule = VJPRule(info=info, call=call, fwd=fwd, bwd=bwd, num_consts=n_c, num_res=num_res,
+                       symbolic_zeros=bool(cvjp.symbolic_zeros),
+                       depth_limit=self.rule_depth if truncated else None)
+        return rule, consts, out_tree, build_custom_vjp(rule)
+
+    def _trace_vjp_fwd(self, cvjp, static, nondiff, n_args, in_tree, avals, out_tree):
+        store = {}
+
+        def fwd_flat(*xs):
+            dyn = tree_util.tree_unflatten(in_tree, xs)
+            if cvjp.symbolic_zeros:  # rules are stored dense: every input perturbed
+                dyn = tree_util.tree_map(lambda x: CustomVJPPrimal(x, True), dyn)
+            pair = cvjp.fwd(*self._merge(static, nondiff, n_args, dyn))
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ClosureConversionError(
+                    f"custom_vjp fwd '{naming.name_of(cvjp.fwd)}' ({naming.source_of(cvjp.fwd)}) "
+                    f"must return a pair (output, residuals)")
+            out, res = pair
+            out_leaves, tree = tree_util.tree_flatten(out)
+            if tree != out_tree:
+                raise ClosureConversionError(
+                    f"custom_vjp fwd '{naming.name_of(cvjp.fwd)}' ({naming.source_of(cvjp.fwd)}) "
+                    f"returns outputs of structure {tree}, but the function returns {out_tree}")
+            res_leaves, store["res_tree"] = tree_util.tree_flatten(res)
+            store["n_res"] = len(res_leaves)
+            return [*out_leaves, *res_leaves]
+
+        jaxpr, consts, _ = jx.trace_flat(fwd_flat, avals, "custom_vjp fwd")
+        return jaxpr, consts, store["n_res"], store["res_tree"]
+
+    def _trace_vjp_bwd(self, cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
+                       res_tree):
+        n_out = len(out_avals)
+        res_avals = [v.aval for v in f_jaxpr.outvars[n_out:]]
+        ct_avals = [a for a in out_avals if is_inexact(a)]
+
+        def bwd_flat(*xs):
+            res = tree_util.tree_unflatten(res_tree, xs[:num_res])
+            it = iter(xs[num_res:])
+            cts = [next(it) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
+                   for a in out_avals]
+            got = cvjp.bwd(*static, res, tree_util.tree_unflatten(out_tree, cts))
+            return _flatten_cotangents(got, in_tree, avals, cvjp)
+
+        jaxpr, consts, _ = jx.trace_flat(bwd_flat, [*res_avals, *ct_avals], "custom_vjp bwd")
+        return jaxpr, consts
+
+    # --------------------------------------------------------- custom_jvp
+    def call_custom_jvp(self, cjvp, args, kwargs):
+        args = jx.resolve_kwargs(cjvp.fun, args, kwargs)
+        nondiff = tuple(cjvp.nondiff_argnums)
+        # As JAX does: no derivative flows through non-differentiable arguments.
+        args = [tree_util.tree_map(_stop_gradient_arrays, a) if i in nondiff else a
+                for i, a in enumerate(args)]
+        static = [args[i] for i in nondiff]
+        dyn = [a for i, a in enumerate(args) if i not in nondiff]
+        flat, in_tree = tree_util.tree_flatten(dyn)
+        avals = tuple(jx.typeof(x) for x in flat)
+        key = ("jvp", id(cjvp), tuple(self._static_key(s) for s in static), in_tree, avals,
+               self.depth >= self.rule_depth)
+        self.keepalive.append(cjvp)
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self.cache[key] = self._materialize_jvp(cjvp, static, nondiff, in_tree, avals,
+                                                          len(args))
+        rule, consts, out_tree, g = hit
+        outs = g(*consts, *flat)
+        return tree_util.tree_unflatten(out_tree, outs)
+
+    def _materialize_jvp(self, cjvp, static, nondiff, in_tree, avals, n_args):
+        self.rules_traced += 1
+        out_store = {}
+
+        def primal_flat(*xs):
+            out = cjvp.fun(*self._merge(static, nondiff, n_args, tree_util.tree_unflatten(in_tree, xs)))
+            leaves, out_store["tree"] = tree_util.tree_flatten(out)
+            return leaves
+
+        p_jaxpr, p_consts, out_avals = jx.trace_flat(primal_flat, avals, "custom_jvp primal")
+        out_tree = out_store["tree"]
+        truncated = self.depth >= self.rule_depth
+        j_jaxpr, j_consts = None, []
+        if not truncated:
+            with self.deeper():
+                j_jaxpr, j_consts = self._trace_jvp(cjvp, static, in_tree, avals, out_tree, out_avals)
+        consts = _dedupe(p_consts + j_consts)
+        call = _close(_with_consts(p_jaxpr, p_consts, consts))
+        jvp = _close(_with_consts(j_jaxpr, j_consts, consts)) if j_jaxpr is not None else None
+        info = self.info(cjvp.fun, consts, [cjvp.fun, cjvp.jvp, *static])
+        info = _with_reverse_ok(info, call)
+        rule = JVPRule(info=info, call=call, jvp=jvp, num_consts=len(consts),
+                       symbolic_zeros=bool(cjvp.symbolic_zeros),
+                       depth_limit=self.rule_depth if truncated else None)
+        return rule, consts, out_tree, build_custom_jvp(rule)
+
+    def _trace_jvp(self, cjvp, static, in_tree, avals, out_tree, out_avals):
+        n = len(avals)
+        t_avals = [a for a in avals if is_inexact(a)]
+
+        def jvp_flat(*xs):
+            primals, it = xs[:n], iter(xs[n:])
+            tangents = [next(it) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
+                        for a in avals]
+            p = tree_util.tree_unflatten(in_tree, primals)
+            t = tree_util.tree_unflatten(in_tree, tangents)
+            pair = cjvp.jvp(*static, tuple(p), tuple(t))
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ClosureConversionError(
+                    f"custom_jvp rule '{naming.name_of(cjvp.jvp)}' ({naming.source_of(cjvp.jvp)}) "
+                    f"must return a pair (primal_out, tangent_out)")
+            p_out, t_out = pair
+            p_leaves, tree = tree_util.tree_flatten(p_out)
+            if tree != out_tree:
+                raise ClosureConversionError(
+                    f"custom_jvp rule '{naming.name_of(cjvp.jvp)}' ({naming.source_of(cjvp.jvp)}) "
+                    f"returns primal outputs of structure {tree}, but the function returns {out_tree}")
+            t_leaves = _flatten_tangents(t_out, out_tree, out_avals, cjvp)
+            return [*p_leaves, *t_leaves]
+
+        jaxpr, consts, _ = jx.trace_flat(jvp_flat, [*avals, *t_avals], "custom_jvp jvp")
+        return jaxpr, consts
+
+    # --------------------------------------------------------- linear_call
+    def bind_linear_call(self, operands, params):
+        callee = params["callee"]
+        n_cc, n_res = params["num_callee_consts"], params["num_res"]
+        thunk = params["transpose_thunk"]
+        ops = list(operands)
+        callee_consts, res, lin = ops[:n_cc], ops[n_cc:n_cc + n_res], ops[n_cc + n_res:]
+        truncated = self.depth >= self.rule_depth
+        t_jaxpr, t_consts = None, []
+        if not truncated:
+            with self.deeper():
+                t_closed, t_consts = thunk()  # the trace that made the call is still live
+            t_jaxpr = t_closed
+        # New residuals: the callee's and the transpose's closed-over values, then the
+        # user's residuals.  callee (cc, r, x) and transpose (tc, r, ct) both become
+        # functions of (cc, tc, r, ...), ignoring the other's closed-over values.
+        res_all = list(callee_consts) + list(t_consts) + list(res)
+        cc_avals = [jx.typeof(c) for c in callee_consts]
+        tc_avals = [jx.typeof(c) for c in t_consts]
+        callee_new = _close(_insert_inputs(callee.jaxpr, len(callee_consts), tc_avals))
+        transpose_new = None
+        if t_jaxpr is not None:
+            transpose_new = _close(_insert_inputs(t_jaxpr.jaxpr, 0, cc_avals))
+        info = RuleInfo(name="linear_call", source="<linear_call>", const_names=(),
+                        closed_over=self.closed_over, max_forward_size=self.max_forward_size)
+        rule = LinearRule(info=info, callee=callee_new, transpose=transpose_new,
+                          num_res=len(res_all),
+                          depth_limit=self.rule_depth if truncated else None)
+        self.rules_traced += 1
+        return bind_linear_rule(rule, [*res_all, *lin])
+
+
+def _stop_gradient_arrays(x):
+    if isinstance(x, (jax.Array, jx.Tracer)):
+        return jax.lax.stop_gradient(x)
+    return x
+
+
+def _flatten_cotangents(got, in_tree, avals, cvjp):
+    """The user's bwd result -> dense cotangents of the inexact argument leaves."""
+    import jax.numpy as jnp
+    n_args = in_tree.num_leaves
+    if isinstance(got, list):
+        got = tuple(got)
+    if not isinstance(got, tuple):
+        raise ClosureConversionError(
+            f"custom_vjp bwd '{naming.name_of(cvjp.bwd)}' ({naming.source_of(cvjp.bwd)}) must "
+            f"return a tuple of cotangents, one per differentiable argument; got {type(got).__name__}")
+    dummy = tree_util.tree_unflatten(in_tree, list(range(n_args)))
+    flat: list = [None] * n_args
+
+    def place(ct, idx_tree):
+        idxs = tree_util.tree_leaves(idx_tree)
+        if ct is None:
+            return
+        leaves = tree_util.tree_leaves(ct, is_leaf=lambda x: x is None)
+        if len(leaves) != len(idxs):
+            raise ClosureConversionError(
+                f"custom_vjp bwd '{naming.name_of(cvjp.bwd)}' ({naming.source_of(cvjp.bwd)}) "
+                f"returned cotangents whose structure does not match the arguments")
+        for i, leaf in zip(idxs, leaves):
+            flat[i] = leaf
+
+    if len(got) != len(dummy):
+        raise ClosureConversionError(
+            f"custom_vjp bwd '{naming.name_of(cvjp.bwd)}' ({naming.source_of(cvjp.bwd)}) returned "
+            f"{len(got)} cotangents for {len(dummy)} differentiable arguments")
+    for ct, d in zip(got, dummy):
+        place(ct, d)
+    out = []
+    for ct, a in zip(flat, avals):
+        if not is_inexact(a):
+            continue
+        if ct is None or type(ct).__name__ == "SymbolicZero" or (
+                hasattr(ct, "dtype") and ct.dtype == jax.dtypes.float0):
+            out.append(jnp.zeros(a.shape, a.dtype))
+        else:
+            out.append(jnp.asarray(ct).astype(a.dtype) if jnp.result_type(ct) != a.dtype else ct)
+    return out
+
+
+def _flatten_tangents(t_out, out_tree, out_avals, cjvp):
+    import jax.numpy as jnp
+    leaves = tree_util.tree_leaves(t_out, is_leaf=lambda x: x is None or type(x).__name__ == "SymbolicZero")
+    if len(leaves) != len(out_avals):
+        raise ClosureConversionError(
+            f"custom_jvp rule '{naming.name_of(cjvp.jvp)}' ({naming.source_of(cjvp.jvp)}) returns "
+            f"{len(leaves)} tangent leaves for {len(out_avals)} outputs")
+    out = []
+    for t, a in zip(leaves, out_avals):
+        if not is_inexact(a):
+            continue
+        if t is None or type(t).__name__ == "SymbolicZero":
+            out.append(jnp.zeros(a.shape, a.dtype))
+        else:
+            out.append(t)
+    return out
+
+
+def _dedupe(values: list) -> list:
+    seen, out = set(), []
+    for v in values:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def _with_consts(jaxpr, own_consts: list, all_consts: list):
+    """``jaxpr`` takes ``own_consts`` as leading inputs; make it take ``all_consts``."""
+    n_own = len(own_consts)
+    const_invars, rest = jaxpr.invars[:n_own], jaxpr.invars[n_own:]
+    by_id = {id(c): v for c, v in zip(own_consts, const_invars)}
+    invars = []
+    for c in all_consts:
+        v = by_id.get(id(c))
+        invars.append(v if v is not None else jx.Var(jx.typeof(c)))
+    return jx.Jaxpr([], invars + list(rest), jaxpr.outvars, jaxpr.eqns, jaxpr.effects,
+                    jx.fit_debug_info(jaxpr.debug_info, len(invars) + len(rest), len(jaxpr.outvars)))
+
+
+def _insert_inputs(jaxpr, position: int, avals):
+    """``jaxpr`` with unused inputs of ``avals`` inserted at ``position``."""
+    if not avals:
+        return jaxpr
+    invars = list(jaxpr.invars)
+    invars[position:position] = [jx.Var(a) for a in avals]
+    return jx.Jaxpr(jaxpr.constvars, invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects,
+                    jx.fit_debug_info(jaxpr.debug_info, len(invars), len(jaxpr.outvars)))
+
+
+def _inline_consts(closed):
+    """A ClosedJaxpr with consts -> an open jaxpr taking them as leading inputs."""
+    jaxpr = closed.jaxpr
+    if not jaxpr.constvars:
+        return jaxpr
+    return jx.Jaxpr([], list(jaxpr.constvars) + list(jaxpr.invars), jaxpr.outvars, jaxpr.eqns,
+                    jaxpr.effects, jx.fit_debug_info(jaxpr.debug_info,
+                                                     len(jaxpr.constvars) + len(jaxpr.invars),
+                                                     len(jaxpr.outvars)))
+
+
+def _close(jaxpr):
+    return jx.ClosedJaxpr(jaxpr, [])
+
+
+def _with_reverse_ok(info: RuleInfo, call) -> RuleInfo:
+    import dataclasses
+    return dataclasses.replace(info, reverse_ok=not _has_while(call.jaxpr))
+
+
+def _has_while(jaxpr) -> bool:
+    """True if a while_loop is reachable outside custom-rule equations (reverse-mode
+    AD of the primal would fail there)."""
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "while":
+            return True
+        if name in ("custom_vjp_call", "custom_jvp_call", "linear_call"):
+            continue
+        for p in eqn.params.values():
+            for sub in (p if isinstance(p, tuple) else (p,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if isinstance(inner, jx.Jaxpr) and _has_while(inner):
+                    return True
+    return False
+
+
+# ------------------------------------------------------------------ hooks
+def _patched_vjp_call(self, *args, **kwargs):
+    s = current()
+    if s is None or getattr(self, "_jaxpr_cc_rebuilt", False):
+        return _originals["vjp"](self, *args, **kwargs)
+    return s.call_custom_vjp(self, args, kwargs)
+
+
+def _patched_jvp_call(self, *args, **kwargs):
+    s = current()
+    if s is None or getattr(self, "_jaxpr_cc_rebuilt", False):
+        return _originals["jvp"](self, *args, **kwargs)
+    return s.call_custom_jvp(self, args, kwargs)
+
+
+def _patched_linear_bind(*args, **params):
+    s = current()
+    if s is None or hasattr(params.get("transpose_thunk"), "_jaxpr_cc_rule"):
+        return _originals["linear"](*args, **params)
+    return s.bind_linear_call(args, params)
+
+
+def install_hooks() -> None:
+    """Route custom-rule calls through the active session (a no-op outside one).
+
+    The hooks sit on JAX's public ``custom_vjp`` / ``custom_jvp`` classes and on the
+    ``linear_call`` primitive's bind, and defer to JAX whenever no session is active.
+    """
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        _originals["vjp"] = jax.custom_vjp.__call__
+        _originals["jvp"] = jax.custom_jvp.__call__
+        _originals["linear"] = jx.linear_call_p.bind
+        jax.custom_vjp.__call__ = _patched_vjp_call
+        jax.custom_jvp.__call__ = _patched_jvp_call
+        jx.linear_call_p.bind = _patched_linear_bind
+        _installed = True
+
+
+@contextlib.contextmanager
+def session(**options):
+    install_hooks()
+    s = TraceSession(**options)
+    prev = current()
+    _local.session = s
+    try:
+        yield s
+    finally:
+        _local.session = prev
