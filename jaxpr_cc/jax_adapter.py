@@ -81,29 +81,213 @@ def is_effectful(eqn_effects) -> bool:
     return bool(eqn_effects)
 
 
-def primitives_registry() -> dict[str, Primitive]:
-    """Every Primitive object JAX has created so far, by name.
+def primitives_registry(extra_modules: Sequence[str] = ()) -> dict[str, list[Primitive]]:
+    """Every Primitive object JAX defines at module level, by name.
 
-    Built by walking the modules that define primitives: used by the saved-program
-    loader, which must map names back to primitives without importing anything a
-    file names.
+    Imports a fixed list of JAX's own modules (never a name read from a file), then
+    walks every loaded ``jax*`` module for ``Primitive`` objects.  A name maps to a
+    list so that callers can detect names two distinct primitives share.
+    ``extra_modules`` are further modules of JAX (or of jaxpr-cc) to import first.
     """
-    import gc  # noqa: F401  (kept local: only the loader needs this)
-    import jax.lax  # noqa: F401  (ensure lax primitives exist)
-    import jax.numpy  # noqa: F401
-    import jax.random  # noqa: F401
-    from jax._src import (custom_derivatives, ad_checkpoint, callback, debugging,  # noqa: F401
-                          prng, pjit, dispatch)
-    from jax._src.lax import control_flow  # noqa: F401
-    registry: dict[str, Primitive] = {}
+    import importlib
     import sys
-    for modname, mod in list(sys.modules.items()):
-        if not modname.startswith("jax"):
+    for modname in _PRIMITIVE_MODULES + tuple(extra_modules):
+        try:
+            importlib.import_module(modname)
+        except ImportError:  # optional parts of JAX (e.g. GPU-only) may be absent
             continue
-        for value in list(vars(mod).values()) if hasattr(mod, "__dict__") else []:
+    registry: dict[str, list[Primitive]] = {}
+    for modname in sorted(sys.modules):
+        if not (modname == "jax" or modname.startswith(("jax.", "jaxpr_cc."))):
+            continue
+        mod = sys.modules.get(modname)
+        namespace = getattr(mod, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for value in list(namespace.values()):
             if isinstance(value, Primitive):
-                registry.setdefault(value.name, value)
+                found = registry.setdefault(value.name, [])
+                if not any(p is value for p in found):
+                    found.append(value)
     return registry
+
+
+# Modules of JAX that define primitives.  ``import jax`` already loads most of them;
+# the rest are listed so that a fresh process knows every primitive a saved
+# program may use, independently of what the saving process happened to import.
+_PRIMITIVE_MODULES = (
+    "jax", "jax.numpy", "jax.lax", "jax.random", "jax.scipy.special", "jax.nn",
+    "jax._src.ad_checkpoint", "jax._src.ad_util", "jax._src.buffer_callback",
+    "jax._src.callback", "jax._src.compute_on", "jax._src.custom_derivatives",
+    "jax._src.custom_transpose", "jax._src.debugging", "jax._src.dispatch",
+    "jax._src.pjit", "jax._src.random.prng", "jax._src.shard_alike",
+    "jax._src.shard_map", "jax._src.xla_metadata", "jax._src.lax.control_flow",
+    "jax._src.lax.linalg", "jax._src.lax.fft", "jax._src.lax.ann",
+    "jax._src.lax.special", "jax._src.lax.parallel", "jax._src.state.primitives",
+)
+
+# Modules imported only when a name is not found among the above (heavier imports).
+PRIMITIVE_MODULES_SECOND_TIER = ("jax.experimental.sparse",)
+
+
+# --- saved-program format (jaxpr_cc/io) -------------------------------------
+# The reader and writer of saved programs need to rebuild JAX's own objects from
+# plain data: literals, equation contexts, name stacks, meshes, PRNG key types,
+# effects.  Each name below is a re-export or a constructor wrapper, kept here so
+# that a JAX upgrade that moves them touches this file only.
+from jax._src import literals as _literals  # noqa: E402
+from jax._src import mesh as _mesh  # noqa: E402
+from jax._src import named_sharding as _named_sharding  # noqa: E402
+
+TypedNdArray = _literals.TypedNdArray
+TypedInt = _literals.TypedInt
+TypedFloat = _literals.TypedFloat
+TypedComplex = _literals.TypedComplex
+JaxprEqnContext = _core.JaxprEqnContext
+SourceInfo = _source_info_util.SourceInfo
+NameStack = _source_info_util.NameStack
+NameScope = _source_info_util.Scope
+NameTransform = _source_info_util.Transform
+AbstractToken = _core.AbstractToken
+abstract_token = _core.abstract_token
+MemorySpace = _core.MemorySpace
+ManualAxisType = _core.ManualAxisType
+AbstractDevice = _mesh.AbstractDevice
+UnspecifiedValue = _named_sharding.UnspecifiedValue
+UNSPECIFIED = _named_sharding.UNSPECIFIED
+NamedAxisEffect = _core.NamedAxisEffect
+GenericEffect = _core.GenericEffect
+InternalMutableArrayEffect = _core.InternalMutableArrayEffect
+JaxprInputEffect = _core.effects.JaxprInputEffect
+
+
+def make_eqn_context(compute_type, threefry_partitionable: bool, abstract_mesh,
+                     remove_size_one_mesh_axis: bool, xla_metadata) -> JaxprEqnContext:
+    """A ``JaxprEqnContext`` with the given fields.
+
+    The public constructor reads the fields from the current configuration; the
+    loader needs the recorded ones.  Contexts are interned, so equal fields give
+    the very object JAX itself would use."""
+    return _core.JaxprEqnContext._create(compute_type, threefry_partitionable, abstract_mesh,
+                                         remove_size_one_mesh_axis, xla_metadata)
+
+
+def eqn_context_fields(ctx: JaxprEqnContext) -> tuple:
+    """``(compute_type, threefry_partitionable, abstract_mesh,
+    remove_size_one_mesh_axis, xla_metadata)`` of an equation context."""
+    return (ctx.compute_type, ctx.threefry_partitionable, ctx.cur_abstract_mesh,
+            ctx.remove_size_one_mesh_axis, ctx.xla_metadata)
+
+
+def make_source_info(name_stack) -> SourceInfo:
+    """Source info without a Python traceback (tracebacks are process-local)."""
+    return _source_info_util.SourceInfo(None, name_stack)
+
+
+def prng_impls() -> dict:
+    """JAX's registered PRNG implementations by name (``threefry2x32``, ...)."""
+    from jax._src.random import prng
+    return dict(prng.prngs)
+
+
+def key_dtype(impl_name: str):
+    """The extended dtype of key arrays of the named PRNG implementation."""
+    from jax._src.random import prng
+    return prng.KeyTy(prng.prngs[impl_name])
+
+
+def key_dtype_impl_name(dtype) -> str | None:
+    """The PRNG implementation name of a key dtype, or None for other dtypes."""
+    from jax._src.random import prng
+    if isinstance(dtype, prng.KeyTy):
+        return dtype._impl.name
+    return None
+
+
+def weak_device_array(host_array):
+    """A committed-nowhere ``jax.Array`` with ``weak_type=True`` holding ``host_array``
+    (the public constructors always make strongly typed arrays)."""
+    from jax._src.lax import lax as _lax
+    return _lax._convert_element_type(host_array, host_array.dtype, weak_type=True)
+
+
+def known_effects() -> dict[str, Any]:
+    """JAX's singleton effect objects, by a stable name used in saved programs."""
+    from jax._src import callback, debugging
+    from jax._src.lax import lax as _lax
+    from jax._src.lax import parallel as _parallel
+    table = {
+        "debug": debugging.debug_effect,
+        "ordered_debug": debugging.ordered_debug_effect,
+        "io": callback._IOEffect,
+        "ordered_io": callback._OrderedIOEffect,
+        "internal_mutable_array": _core.internal_mutable_array_effect,
+        "no_dce": _lax.no_dce_effect,
+    }
+    single_side = getattr(_parallel, "single_side_collective_effect", None)
+    if single_side is not None:
+        table["single_side_collective"] = single_side
+    return table
+
+
+def ref_effect_types() -> dict[str, type]:
+    """Effects on mutable-array inputs (``Read``/``Write``/``Accum``), by name."""
+    from jax._src.state import types as _state_types
+    return {"read": _state_types.ReadEffect, "write": _state_types.WriteEffect,
+            "accum": _state_types.AccumEffect}
+
+
+def param_enum_types() -> tuple[type, ...]:
+    """Enum classes that appear as equation parameters."""
+    from jax._src.lax import lax as _lax
+    classes = [jax.lax.Precision, jax.lax.RoundingMethod, jax.lax.FftType,
+               jax.lax.GatherScatterMode, jax.lax.DotAlgorithmPreset,
+               jax.lax.RandomAlgorithm, jax.lax.AccuracyMode, jax.sharding.AxisType,
+               _core.MemorySpace]
+    for name in ("RaggedDotMode", "PaddingType"):
+        cls = getattr(_lax, name, None)
+        if cls is not None:
+            classes.append(cls)
+    import jax.lax.linalg as _linalg
+    for name in ("EigImplementation", "EighImplementation", "SvdAlgorithm"):
+        cls = getattr(_linalg, name, None)
+        if cls is not None:
+            classes.append(cls)
+    return tuple(classes)
+
+
+def dots_saveable_type() -> type:
+    """The class of the ``dots_saveable`` family of remat policies."""
+    from jax._src import ad_checkpoint
+    return ad_checkpoint.DotsSaveable
+
+
+# --- effects and jit parameters (used by jaxpr_cc/passes) ---------------------
+# JAX's own DCE treats some effects as removable (reads, named-axis collectives,
+# internal mutable arrays); the passes classify effects the same way so that our
+# dce never keeps less than pe.dce_jaxpr would, and never drops what it keeps.
+from jax._src import effects as _pass_effects  # noqa: E402
+from jax._src import sharding_impls as _pass_sharding_impls  # noqa: E402
+
+#: The ``in_shardings`` entry of a jit operand with no sharding request; passes
+#: that add operands to a ``jit`` equation (hoist-consts) use it.
+UNSPECIFIED_SHARDING = _pass_sharding_impls.UNSPECIFIED
+
+
+def is_removable_effect(effect) -> bool:
+    """True when JAX's DCE may drop an equation whose only effects are like this one."""
+    return _pe.dceable_effects.contains(effect)
+
+
+def is_named_axis_effect(effect) -> bool:
+    """A collective's dependence on a named mesh/vmap axis: not a side effect."""
+    return isinstance(effect, _core.NamedAxisEffect)
+
+
+def is_input_effect(effect) -> bool:
+    """An effect that names one of the equation's inputs by position (state refs):
+    changing the equation's operand list would make it point at the wrong input."""
+    return isinstance(effect, _pass_effects.JaxprInputEffect)
 
 
 # --- tracing helpers for closure conversion ----------------------------------
@@ -241,3 +425,113 @@ def to_cotangent_aval(aval):
 
 
 UnexpectedTracerError = jax.errors.UnexpectedTracerError
+
+
+def instantiate_zero(x, aval):
+    """JAX's internal symbolic ``ad.Zero`` (what staged bwd rules return for zero
+    cotangents) -> a dense zero array; anything else unchanged."""
+    from jax._src.interpreters import ad as _ad
+    import jax.numpy as jnp
+    import numpy as np
+    if isinstance(x, _ad.Zero):
+        if jnp.issubdtype(aval.dtype, jax.dtypes.float0):
+            return np.zeros(aval.shape, jax.dtypes.float0)
+        return jnp.zeros(aval.shape, aval.dtype)
+    return x
+
+
+def to_cotangent_aval(aval):
+    return aval.to_ct_aval()
+
+
+UnexpectedTracerError = jax.errors.UnexpectedTracerError
+
+
+def maybe_perturbed(x) -> bool:
+    """JAX's heuristic for "this closed-over value may carry a tangent" (the values
+    ``jax.closure_convert`` hoists)."""
+    return _cd._maybe_perturbed(x)
+
+
+def debug_callback_parts(flat_callback: Any):
+    """``(user_callback, in_tree, static_args)`` of the ``callback`` parameter that
+    ``jax.debug.callback`` stages, or None for anything else.
+
+    JAX wraps the user's function in a closure over those three names
+    (``jax/_src/debugging.py``: ``_flat_callback``); the Python source backend needs
+    the user's function back to spell the call.
+    """
+    code = getattr(flat_callback, "__code__", None)
+    cells = getattr(flat_callback, "__closure__", None)
+    if code is None or cells is None or code.co_name != "_flat_callback":
+        return None
+    env = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+    if not {"callback", "in_tree", "static_args"} <= set(env):
+        return None
+    return env["callback"], env["in_tree"], env["static_args"]
+
+
+def is_ordered_effect(effect: Any) -> bool:
+    """True for the effect ``jax.debug.callback(..., ordered=True)`` stages."""
+    from jax._src import debugging as _debugging
+    return effect is _debugging.ordered_debug_effect
+
+
+# --- XLA executables and jaxpr_cc.jit (backends/xla.py, jit.py) ---------------
+from jax._src import array as _array  # noqa: E402
+from jax._src import sharding_impls as _xla_sharding_impls  # noqa: E402
+
+#: The concrete array type: ``jaxpr_cc.jit``'s cache lookup tests ``type(x) is
+#: ArrayImpl`` first, the cheapest way to recognise the common argument.
+ArrayImpl = _array.ArrayImpl
+
+
+def trace_state_clean() -> bool:
+    """True when no JAX transformation is tracing: ``jaxpr_cc.jit`` may then run
+    its compiled executable; otherwise it must bind the program into the trace."""
+    return _core.trace_state_clean()
+
+
+def named_sharding_from_hlo(sharding, mesh):
+    """The NamedSharding over ``mesh`` equivalent to a compiler-chosen sharding
+    (XLA reports propagated input shardings as ``GSPMDSharding``), or None when
+    ``sharding`` is of another kind or has no equivalent on ``mesh``.
+
+    Saving a multi-device executable needs every sharding as a NamedSharding:
+    that is what ``jax.export`` serializes and what can be rebuilt by device id.
+    """
+    if not isinstance(sharding, _xla_sharding_impls.GSPMDSharding):
+        return None
+    try:
+        return _xla_sharding_impls._gspmd_to_named_sharding_via_mesh(sharding, mesh)
+    except (ValueError, TypeError, AssertionError):
+        return None
+
+
+def find_tagged_function(staged, attr: str, depth: int = 5):
+    """The function carrying attribute ``attr`` inside a staged custom-rule callable.
+
+    JAX stages a ``custom_jvp`` rule as a memoized thunk (``jvp_jaxpr_fun``) whose
+    closure holds the ``WrappedFun`` of the user's rule, so the rule is a few closure
+    cells away rather than at ``.f``.  Searched breadth-first through ``.f`` and
+    closure cells, at most ``depth`` levels.
+    """
+    frontier, seen = [staged], set()
+    for _ in range(depth):
+        nxt = []
+        for obj in frontier:
+            if obj is None or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if hasattr(obj, attr):
+                return obj
+            inner = getattr(obj, "f", None)
+            if inner is not None:
+                nxt.append(inner)
+            for cell in getattr(obj, "__closure__", None) or ():
+                try:
+                    nxt.append(cell.cell_contents)
+                except ValueError:
+                    continue
+        frontier = nxt
+    return None

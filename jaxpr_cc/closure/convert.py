@@ -218,13 +218,14 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     def jvp_dense(*xs):
         consts_, primals = xs[:nc], xs[nc:nc + len(args)]
         it = iter(xs[nc + len(args):])
-        tangents = [next(it) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
-                    for a in arg_avals]
-        c_t = [np.zeros(a.aval.shape, jax.dtypes.float0) if not is_inexact(a.aval)
-               else jax.numpy.zeros(a.aval.shape, a.aval.dtype) for a in jax_consts]
-        jvp_jaxpr, jvp_consts = _call_jvp_thunk(jvp_fun, [False] * nc + [True] * len(args))
-        outs = jx.eval_jaxpr(jvp_jaxpr, jvp_consts, *consts_, *primals, *c_t, *tangents)
-        y, t = outs[:n_out], outs[n_out:]
+        # JAX's thunk takes "tangent is zero" flags: the primal's own consts carry none.
+        in_zeros = [True] * nc + [not is_inexact(a) for a in arg_avals]
+        jvp_jaxpr, jvp_consts, out_zeros = _call_jvp_thunk(jvp_fun, in_zeros)
+        tangents = [next(it) for a in arg_avals if is_inexact(a)]
+        outs = jx.eval_jaxpr(jvp_jaxpr, jvp_consts, *consts_, *primals, *tangents)
+        y, t_nz = outs[:n_out], iter(outs[n_out:])
+        t = [jax.numpy.zeros(a.shape, a.dtype) if z else next(t_nz)
+             for a, z in zip(out_avals, out_zeros)]
         t = [jx.instantiate_zero(ti, a) for ti, a in zip(t, out_avals)]
         return [*y, *[ti for ti, a in zip(t, out_avals) if is_inexact(a)]]
 
@@ -258,13 +259,14 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
 
 
 def _call_jvp_thunk(jvp_fun, nonzeros):
-    """JAX's staged custom_jvp rule: ``jvp_jaxpr_fun(*nonzeros) -> (jaxpr, consts)``."""
+    """JAX's staged custom_jvp rule: ``jvp_jaxpr_fun(*zero_flags) -> (jaxpr, consts,
+    output_zero_flags)``; the jaxpr takes primals then the nonzero tangents."""
     try:
         out = jx.call_wrapped(jvp_fun, *nonzeros)
     except (jx.UnexpectedTracerError, jax.errors.UnexpectedTracerError) as e:
         raise _fail("jvp", jvp_fun, e) from None
-    jaxpr, consts = out[0], out[1]
-    return jaxpr, consts
+    jaxpr, consts, out_zeros = out
+    return jaxpr, consts, list(out_zeros)
 
 
 def _convert_linear(region: Region, eqn: Equation, closed_over: str, max_forward_size: int):

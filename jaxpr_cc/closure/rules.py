@@ -322,7 +322,8 @@ def rule_of(eqn_params: dict, prim_name: str):
     if prim_name == "custom_vjp_call":
         return getattr(jx.wrapped_fun_target(eqn_params.get("bwd")), "_jaxpr_cc_rule", None)
     if prim_name == "custom_jvp_call":
-        return getattr(jx.wrapped_fun_target(eqn_params.get("jvp_jaxpr_fun")), "_jaxpr_cc_rule", None)
+        fn = jx.find_tagged_function(eqn_params.get("jvp_jaxpr_fun"), "_jaxpr_cc_rule")
+        return getattr(fn, "_jaxpr_cc_rule", None)
     if prim_name == "linear_call":
         return getattr(eqn_params.get("transpose_thunk"), "_jaxpr_cc_rule", None)
     return None

@@ -1,0 +1,1 @@
+"""The test zoo: programs beyond the corpus that exercise custom rules and closures."""
