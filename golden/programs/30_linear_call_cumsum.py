@@ -1,0 +1,27 @@
+"""linear_call of a weighted prefix-sum operator with its hand-written transpose (reverse cumsum)."""
+import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import linear_call
+
+TAGS = ("linear_call", "cumsum", "float32")
+SUPPORTS = ("grad", "jvp", "jit")  # linear_call has no batching rule in JAX 0.10.2
+
+_WEIGHTS = jnp.array([1.0, 0.5, 0.25, 2.0, 1.5, 0.75], jnp.float32)
+
+
+def _weighted_prefix(weights, v):
+    return weights * jnp.cumsum(v, axis=-1)
+
+
+def _weighted_prefix_t(weights, ct):
+    return jnp.flip(jnp.cumsum(jnp.flip(weights * ct, axis=-1), axis=-1), axis=-1)
+
+
+def fun(x, w):
+    u = jnp.sin(x) * w
+    y = linear_call(_weighted_prefix, _weighted_prefix_t, _WEIGHTS, u)
+    return y * y + x
+
+
+def example_args():
+    return (jnp.linspace(-1.0, 1.0, 6, dtype=jnp.float32), jnp.float32(1.5))

@@ -1,0 +1,36 @@
+"""Residual MLP blocks under jax.checkpoint with nothing_saveable and dots_saveable policies."""
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+TAGS = ("checkpoint", "checkpoint_policy", "mlp", "dict", "pytree_in", "float32")
+SUPPORTS = ("grad", "jvp", "vmap", "jit")
+
+
+@partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+def block(p, x):
+    h = jnp.tanh(x @ p["w1"] + p["b1"])
+    return x + jnp.sin(h @ p["w2"])
+
+
+@partial(jax.checkpoint, policy=jax.checkpoint_policies.dots_saveable)
+def head(p, x):
+    return jax.nn.gelu(x @ p["w2"].T) @ p["w1"].T
+
+
+def fun(params, x):
+    for _ in range(3):
+        x = block(params, x)
+    return head(params, x)
+
+
+def example_args():
+    rng = np.random.RandomState(31)
+    params = {
+        "w1": jnp.asarray(rng.randn(4, 6).astype(np.float32) * 0.4),
+        "b1": jnp.zeros((6,), jnp.float32),
+        "w2": jnp.asarray(rng.randn(6, 4).astype(np.float32) * 0.4),
+    }
+    return (params, jnp.asarray(rng.randn(2, 4).astype(np.float32)))
