@@ -159,6 +159,8 @@ NamedAxisEffect = _core.NamedAxisEffect
 GenericEffect = _core.GenericEffect
 InternalMutableArrayEffect = _core.InternalMutableArrayEffect
 JaxprInputEffect = _core.effects.JaxprInputEffect
+Effect = _core.effects.Effect
+ExtendedDType = _core.dtypes.ExtendedDType
 
 
 def make_eqn_context(compute_type, threefry_partitionable: bool, abstract_mesh,
@@ -347,66 +349,6 @@ def wrapped_fun_target(fun):
     return getattr(fun, "f", fun)
 
 
-# --- effects and jit parameters (used by jaxpr_cc/passes) ---------------------
-# JAX's own DCE treats some effects as removable (reads, named-axis collectives,
-# internal mutable arrays); the passes classify effects the same way so that our
-# dce never keeps less than pe.dce_jaxpr would, and never drops what it keeps.
-from jax._src import effects as _effects  # noqa: E402
-from jax._src import sharding_impls as _sharding_impls  # noqa: E402
-
-#: The ``in_shardings``/``out_shardings`` entry of a jit operand with no sharding
-#: request; passes that add operands to a ``jit`` equation (hoist-consts) use it.
-UNSPECIFIED_SHARDING = _sharding_impls.UNSPECIFIED
-
-
-def is_removable_effect(effect) -> bool:
-    """True when JAX's DCE may drop an equation whose only effects are like this one."""
-    return _pe.dceable_effects.contains(effect)
-
-
-def is_named_axis_effect(effect) -> bool:
-    """A collective's dependence on a named mesh/vmap axis: not a side effect."""
-    return isinstance(effect, _core.NamedAxisEffect)
-
-
-def is_input_effect(effect) -> bool:
-    """An effect that names one of the equation's inputs by position (state refs):
-    changing the equation's operand list would make it point at the wrong input."""
-    return isinstance(effect, _effects.JaxprInputEffect)
-
-
-# --- XLA executables and jaxpr_cc.jit (backends/xla.py, jit.py) ---------------
-from jax._src import array as _array  # noqa: E402
-from jax._src import sharding_impls as _xla_sharding_impls  # noqa: E402
-
-#: The concrete array type: ``jaxpr_cc.jit``'s cache lookup tests ``type(x) is
-#: ArrayImpl`` first, the cheapest way to recognise the common argument.
-ArrayImpl = _array.ArrayImpl
-
-
-def trace_state_clean() -> bool:
-    """True when no JAX transformation is tracing: ``jaxpr_cc.jit`` may then run
-    its compiled executable; otherwise it must bind the program into the trace."""
-    return _core.trace_state_clean()
-
-
-def named_sharding_from_hlo(sharding, mesh):
-    """The NamedSharding over ``mesh`` equivalent to a compiler-chosen sharding
-    (XLA reports propagated input shardings as ``GSPMDSharding``), or None when
-    ``sharding`` is of another kind or has no equivalent on ``mesh``.
-
-    Saving a multi-device executable needs every sharding as a NamedSharding:
-    that is what ``jax.export`` serializes and what can be rebuilt by device id.
-    """
-    if not isinstance(sharding, _xla_sharding_impls.GSPMDSharding):
-        return None
-    try:
-        named = _xla_sharding_impls._gspmd_to_named_sharding_via_mesh(sharding, mesh)
-    except (ValueError, TypeError, AssertionError):
-        return None
-    return named
-
-
 def instantiate_zero(x, aval):
     """JAX's internal symbolic ``ad.Zero`` (what staged bwd rules return for zero
     cotangents) -> a dense zero array; anything else unchanged."""
@@ -485,11 +427,25 @@ from jax._src import sharding_impls as _xla_sharding_impls  # noqa: E402
 #: ArrayImpl`` first, the cheapest way to recognise the common argument.
 ArrayImpl = _array.ArrayImpl
 
+#: ``trace_state_clean()``: True when no JAX transformation is tracing, so
+#: ``jaxpr_cc.jit`` may run its compiled executable rather than bind the program
+#: into the trace.  A plain alias: it is called on every cached call.
+trace_state_clean = _core.trace_state_clean
 
-def trace_state_clean() -> bool:
-    """True when no JAX transformation is tracing: ``jaxpr_cc.jit`` may then run
-    its compiled executable; otherwise it must bind the program into the trace."""
-    return _core.trace_state_clean()
+
+def compiled_fast_call(compiled):
+    """The C++ dispatcher behind a ``jax.stages.Compiled`` (what ``Compiled.__call__``
+    forwards to), or ``compiled`` itself when XLA gives it none (executables with
+    host callbacks or unordered effects).  Calling it directly saves the Python
+    frame of ``Compiled.__call__`` on every call of an Executable.
+    """
+    call = getattr(compiled, "_call", None)
+    if call is None:
+        call = compiled._executable.create_cpp_call(compiled._params)
+        if call is None:
+            return compiled
+        compiled._call = call
+    return call
 
 
 def named_sharding_from_hlo(sharding, mesh):
@@ -508,13 +464,14 @@ def named_sharding_from_hlo(sharding, mesh):
         return None
 
 
-def find_tagged_function(staged, attr: str, depth: int = 5):
+def find_tagged_function(staged, attr: str, depth: int = 32):
     """The function carrying attribute ``attr`` inside a staged custom-rule callable.
 
     JAX stages a ``custom_jvp`` rule as a memoized thunk (``jvp_jaxpr_fun``) whose
     closure holds the ``WrappedFun`` of the user's rule, so the rule is a few closure
-    cells away rather than at ``.f``.  Searched breadth-first through ``.f`` and
-    closure cells, at most ``depth`` levels.
+    cells away rather than at ``.f``; every re-binding of the equation (``eval_jaxpr``,
+    DCE, transposition) wraps it in another thunk.  Searched breadth-first through
+    ``.f`` and closure cells, at most ``depth`` levels.
     """
     frontier, seen = [staged], set()
     for _ in range(depth):

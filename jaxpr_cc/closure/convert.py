@@ -23,7 +23,7 @@ from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.value import Value
 from . import naming
-from .errors import ClosureConversionError
+from .errors import ClosureConversionError, RuleDepthError
 from .ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
 from .rules import RuleInfo, is_inexact
 from .session import _dedupe, _has_while, _insert_inputs, _with_consts
@@ -36,15 +36,50 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
     count = 0
     with session(closed_over=closed_over, max_forward_size=max_forward_size,
                  rule_depth=rule_depth):
-        for region in list(program.body.regions()):
-            for eqn in region.equations:
-                name = eqn.prim.name
-                if name in FIRST_ORDER_KEYS and not is_first_order_custom(name, eqn.params):
-                    _CONVERTERS[name](region, eqn, closed_over, max_forward_size)
-                    count += 1
+        # Converting a rule traces it, and what it traces may hold JAX-form rules of
+        # its own (e.g. a jitted helper whose jaxpr JAX cached before this session):
+        # repeat until none is left; each round is bounded by the rule depth.
+        for _ in range(rule_depth + 2):
+            pending = [(region, eqn) for region in program.body.regions()
+                       for eqn in region.equations
+                       if eqn.prim.name in FIRST_ORDER_KEYS
+                       and not is_first_order_custom(eqn.prim.name, eqn.params)]
+            if not pending:
+                break
+            for region, eqn in pending:
+                try:
+                    _CONVERTERS[eqn.prim.name](region, eqn, closed_over, max_forward_size)
+                except RuleDepthError as e:
+                    # JAX's thunk reaches a rule we materialized only to the depth
+                    # limit: keep the primal, and the same error if differentiated.
+                    _truncate(region, eqn, e, rule_depth, closed_over, max_forward_size)
+                count += 1
     if stats is not None:
         stats["rules-materialized"] = stats.get("rules-materialized", 0) + count
     return program
+
+
+def _truncate(region, eqn, err, rule_depth, closed_over, max_forward_size) -> None:
+    name = eqn.prim.name
+    p = eqn.params
+    body_key = "callee" if name == "linear_call" else "call_jaxpr"
+    msg = str(err)
+    rule_name = msg.split("'")[1] if "'" in msg else name
+    params = {body_key: p[body_key], "depth_limit": rule_depth}
+    if name == "linear_call":
+        params.update(num_callee_consts=p["num_callee_consts"], num_res=p["num_res"])
+        if p["num_callee_consts"]:
+            params["num_res"] = p["num_res"] + p["num_callee_consts"]
+            params["num_callee_consts"] = 0
+    else:
+        params.update(num_consts=p["num_consts"], symbolic_zeros=bool(p.get("symbolic_zeros")),
+                      name=rule_name, source="<depth limit>",
+                      const_names=tuple(f"const{i}" for i in range(p["num_consts"])),
+                      closed_over=closed_over, max_forward_size=max_forward_size,
+                      reverse_ok=False)
+        if name == "custom_vjp_call":
+            params["num_res"] = 0
+    _replace_equation(region, eqn, list(eqn.inputs), params)
 
 
 def _fail(kind: str, fn: Any, err: Exception) -> ClosureConversionError:

@@ -81,12 +81,18 @@ _IMPORT = {"custom_vjp_call": _import_vjp, "custom_jvp_call": _import_jvp,
 
 
 def import_params(name: str, jparams: dict, to_region: Callable) -> dict | None:
-    """First-order params for a JAX custom equation, or None if it is not ours."""
+    """First-order params for a JAX custom equation, or None if it is not ours (or no
+    longer matches our rule: JAX's DCE re-binds rules with fewer inputs/outputs)."""
     rule = rule_of(jparams, name)
     if rule is None:
         return None
     if name in ("custom_vjp_call", "custom_jvp_call") and jparams.get("num_consts", 0) != 0:
         return None  # JAX lifted values of its own: keep JAX's form (closure-convert handles it)
+    ours = rule.callee if name == "linear_call" else rule.call
+    theirs = jparams["callee" if name == "linear_call" else "call_jaxpr"]
+    if (tuple(ours.in_avals) != tuple(theirs.in_avals)
+            or tuple(ours.out_avals) != tuple(theirs.out_avals)):
+        return None
     return _IMPORT[name](jparams, rule, to_region)
 
 

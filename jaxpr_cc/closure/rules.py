@@ -139,8 +139,8 @@ def _dense(t, aval):
 
 def _truncated(kind: str, info: RuleInfo, limit: int):
     raise RuleDepthError(
-        f"custom_{kind} rule '{info.name}' ({info.source}) is nested {limit} rules deep and was "
-        f"not materialized; differentiating to this order needs jaxpr_cc.trace(..., rule_depth={limit + 1})")
+        f"custom_{kind} rule '{info.name}' ({info.source}) was materialized to {limit} levels of "
+        f"its own rules; differentiating to this order needs jaxpr_cc.trace(..., rule_depth={limit + 1})")
 
 
 @tree_util.register_pytree_node_class

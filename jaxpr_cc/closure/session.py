@@ -7,12 +7,15 @@ closes over — constants and tracers of the enclosing traces — are lifted to 
 leading operands; and the call is re-bound through a first-order rule
 (``rules.build_*``), which JAX stages as an ordinary custom equation.
 
-Rules are cached by (custom function, static arguments, argument types, depth), so
+Rules are cached by (custom function, static arguments, argument types, level), so
 1,000 calls of the same function trace its rules once.  A rule whose own body calls
-custom functions (the tutorial's ``fixed_point`` calls itself in its fwd and bwd,
-with a new function at every level) would unfold forever if every level were traced
-eagerly, so rules are materialized to ``rule_depth`` levels of nesting; deeper ones
-keep their primal and raise a clear error if differentiated.
+the same custom function (the tutorial's ``fixed_point`` calls itself in its fwd and
+bwd, with a new function at every level; JAX's ``logaddexp`` jvp calls
+``logaddexp``) would unfold forever if every level were traced eagerly, so a custom
+function's rules are materialized while it appears fewer than ``rule_depth`` times on
+the stack of rules being traced; deeper calls keep their primal and raise a clear
+error if differentiated to that order.  Chains of different functions are not
+limited: they end by themselves.
 """
 from __future__ import annotations
 
@@ -32,6 +35,10 @@ from .rules import (CLOSED_OVER_MODES, JVPRule, LinearRule, RuleInfo, VJPRule, b
                     build_custom_jvp, build_custom_vjp, is_inexact)
 
 _local = threading.local()
+# JAX's jit tracing cache must not hand a jit body traced inside one session (its rules
+# re-bound with that session's options and depth) to code outside it or to a session
+# with other options: the session's options are part of JAX's cache key.
+_JIT_CACHE_CONTEXT = jax.make_user_context(default_value=None)
 _install_lock = threading.Lock()
 _installed = False
 _originals: dict[str, Any] = {}
@@ -52,19 +59,26 @@ class TraceSession:
         self.closed_over = closed_over
         self.max_forward_size = int(max_forward_size)
         self.rule_depth = int(rule_depth)
-        self.depth = 0
+        self.active: dict[int, int] = {}  # custom function -> rules of it being traced
         self.cache: dict[Any, Any] = {}
         self.keepalive: list[Any] = []
         self.rules_traced = 0
 
     # ------------------------------------------------------------ helpers
+    def level(self, fn_key) -> int:
+        """How many rules of this custom function are being traced around this call."""
+        return self.active.get(id(fn_key), 0)
+
+    def truncated(self, fn_key) -> bool:
+        return self.level(fn_key) >= self.rule_depth
+
     @contextlib.contextmanager
-    def deeper(self):
-        self.depth += 1
+    def inside_rules_of(self, fn_key):
+        self.active[id(fn_key)] = self.active.get(id(fn_key), 0) + 1
         try:
             yield
         finally:
-            self.depth -= 1
+            self.active[id(fn_key)] -= 1
 
     def _static_key(self, value: Any) -> Any:
         if isinstance(value, (jax.Array, np.ndarray, jx.Tracer)):
@@ -91,7 +105,7 @@ class TraceSession:
         flat, in_tree = tree_util.tree_flatten(dyn)
         avals = tuple(jx.typeof(x) for x in flat)
         key = ("vjp", id(cvjp), tuple(self._static_key(s) for s in static), in_tree, avals,
-               self.depth >= self.rule_depth)
+               min(self.level(cvjp), self.rule_depth))
         self.keepalive.append(cvjp)
         hit = self.cache.get(key)
         if hit is None:
@@ -118,19 +132,17 @@ class TraceSession:
 
         p_jaxpr, p_consts, out_avals = jx.trace_flat(primal_flat, avals, "custom_vjp primal")
         out_tree = out_store["tree"]
-        truncated = self.depth >= self.rule_depth
+        truncated = self.truncated(cvjp)
         f_jaxpr = b_jaxpr = None
         f_consts: list = []
         b_consts: list = []
         num_res = 0
         if not truncated:
-            with self.deeper():
+            with self.inside_rules_of(cvjp):
                 f_jaxpr, f_consts, num_res, res_tree = self._trace_vjp_fwd(
                     cvjp, static, nondiff, n_args, in_tree, avals, out_tree)
-                res_avals = None
                 b_jaxpr, b_consts = self._trace_vjp_bwd(
                     cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res, res_tree)
-                del res_avals
         consts = _dedupe(p_consts + f_consts + b_consts)
         n_c = len(consts)
         call = _close(_with_consts(p_jaxpr, p_consts, consts))
@@ -197,7 +209,7 @@ class TraceSession:
         flat, in_tree = tree_util.tree_flatten(dyn)
         avals = tuple(jx.typeof(x) for x in flat)
         key = ("jvp", id(cjvp), tuple(self._static_key(s) for s in static), in_tree, avals,
-               self.depth >= self.rule_depth)
+               min(self.level(cjvp), self.rule_depth))
         self.keepalive.append(cjvp)
         hit = self.cache.get(key)
         if hit is None:
@@ -218,10 +230,10 @@ class TraceSession:
 
         p_jaxpr, p_consts, out_avals = jx.trace_flat(primal_flat, avals, "custom_jvp primal")
         out_tree = out_store["tree"]
-        truncated = self.depth >= self.rule_depth
+        truncated = self.truncated(cjvp)
         j_jaxpr, j_consts = None, []
         if not truncated:
-            with self.deeper():
+            with self.inside_rules_of(cjvp):
                 j_jaxpr, j_consts = self._trace_jvp(cjvp, static, in_tree, avals, out_tree, out_avals)
         consts = _dedupe(p_consts + j_consts)
         call = _close(_with_consts(p_jaxpr, p_consts, consts))
@@ -267,10 +279,10 @@ class TraceSession:
         thunk = params["transpose_thunk"]
         ops = list(operands)
         callee_consts, res, lin = ops[:n_cc], ops[n_cc:n_cc + n_res], ops[n_cc + n_res:]
-        truncated = self.depth >= self.rule_depth
+        truncated = self.truncated(_LINEAR_CALL)
         t_jaxpr, t_consts = None, []
         if not truncated:
-            with self.deeper():
+            with self.inside_rules_of(_LINEAR_CALL):
                 t_closed, t_consts = thunk()  # the trace that made the call is still live
             t_jaxpr = t_closed
         # New residuals: the callee's and the transpose's closed-over values, then the
@@ -290,6 +302,9 @@ class TraceSession:
                           depth_limit=self.rule_depth if truncated else None)
         self.rules_traced += 1
         return bind_linear_rule(rule, [*res_all, *lin])
+
+
+_LINEAR_CALL = object()  # linear_call transposes share one recursion counter
 
 
 def _stop_gradient_arrays(x):
@@ -476,6 +491,7 @@ def session(**options):
     prev = current()
     _local.session = s
     try:
-        yield s
+        with _JIT_CACHE_CONTEXT(("jaxpr_cc", s.closed_over, s.max_forward_size, s.rule_depth)):
+            yield s
     finally:
         _local.session = prev

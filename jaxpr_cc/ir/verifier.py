@@ -105,6 +105,9 @@ def verify_program(program, *, types: bool = True, first_order: bool = False) ->
 def first_order_violations(program) -> list[str]:
     """Where the program is not first-order: callables in params, nested constants."""
     from .printer import _is_function
+    import jax
+    # JAX's named checkpoint policies are data (saved and printed by name).
+    named = {id(v) for v in vars(jax.checkpoint_policies).values() if callable(v)}
     found = []
 
     def scan(region: Region, path: str, top: bool) -> Iterator[str]:
@@ -113,7 +116,7 @@ def first_order_violations(program) -> list[str]:
         for i, eqn in enumerate(region._order):
             for k, v in eqn.params.items():
                 for leaf in (v if isinstance(v, tuple) else (v,)):
-                    if _is_function(leaf):
+                    if _is_function(leaf) and id(leaf) not in named:
                         yield f"{_where(path, i, eqn)}: parameter {k!r} is a Python callable"
             for key, idx, sub in eqn.regions():
                 label = key if idx is None else f"{key}[{idx}]"
