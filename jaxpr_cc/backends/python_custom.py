@@ -1,0 +1,316 @@
+"""Custom differentiation rules, callbacks and checkpoint policies in Python source.
+
+A mixin of the per-equation context of :mod:`.python_source`: it spells
+``custom_vjp_call`` / ``custom_jvp_call`` / ``linear_call`` equations in their
+first-order form as ``@jax.custom_vjp`` / ``@jax.custom_jvp`` functions with
+``defvjp`` / ``defjvp`` and ``jax.custom_derivatives.linear_call``, and
+``debug_callback`` as ``jax.debug.callback``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import libcst as cst
+
+from ..ir.equation import Equation
+from ..ir.printer import _is_function
+from ..ir.region import Region
+from ..ir.value import Value, is_literal
+from .python_rules import Call
+from .python_text import PythonEmitError, flat_return, inexact, stmt, tuple_src
+
+
+class CustomRulesMixin:
+    """Needs ``self.emitter``, ``self.eqn``, ``self.fn``, ``self.ins``, ``self.rule_key``
+    and ``self._where()`` from the equation context it is mixed into."""
+
+    # -- custom differentiation rules -------------------------------------
+    # First-order layouts (see jaxpr_cc/closure/rules.py): c = closed-over values (the
+    # first num_consts operands), x = arguments, r = residuals; tangents/cotangents
+    # exist for inexact leaves only.
+    #   custom_vjp  call: (c, x) -> y   fwd: (c, x) -> (y, r)   bwd: (c, r, ct_y) -> ct_x
+    #   custom_jvp  call: (c, x) -> y   jvp: (c, x, t_x) -> (y, t_y)
+    #   linear_call callee: (r, x) -> y   transpose: (r, ct_y) -> ct_x
+    # Closed-over values stay closed over: the rule functions are then defined inside
+    # the function that uses them, so tracing them again finds the same values.
+    def _require_rules(self, names: Sequence[str]) -> bool:
+        """Check the equation is first-order; False when its rule regions were left out
+        because the rule sat ``depth_limit`` rules deep (the rule is then emitted as
+        one that raises when used, which is what tracing it again reproduces)."""
+        for key, value in self.eqn.params.items():
+            if _is_function(value):
+                raise PythonEmitError(
+                    f"{self._where()}: parameter {key!r} is a Python callable; the program is "
+                    f"not first-order (trace it with jaxpr_cc.trace, which turns custom rules "
+                    f"into regions)")
+        missing = [n for n in names if not isinstance(self.eqn.params.get(n), Region)]
+        if not missing:
+            return True
+        if self.eqn.params.get("depth_limit") is not None and missing == list(names[1:]):
+            return False
+        raise PythonEmitError(f"{self._where()}: region parameters {missing!r} are missing")
+
+    def _unmaterialized(self, kind: str, wanted: str) -> str:
+        limit = self.eqn.params.get("depth_limit")
+        msg = (f"jaxpr-cc: the {kind} rule of {wanted!r} was nested {limit} rules deep when the "
+               f"program was traced and was not materialized; trace the original with "
+               f"rule_depth={limit + 1} and emit again")
+        return f"raise RuntimeError({msg!r})"
+
+    def _raising(self, name: str, params: list[str], kind: str, wanted: str, local: bool) -> None:
+        code = f"def {name}({', '.join(params)}):\n    {self._unmaterialized(kind, wanted)}\n"
+        if local:
+            self.fn.add(code)
+        else:
+            self.emitter.module_defs.append(stmt(code))
+
+    def _close_over(self, invars: Sequence[Value], consts: Sequence[Any]) -> None:
+        for v, outer in zip(invars, consts):
+            self.emitter.env[v] = self.emitter.closed_over(outer, self.fn)
+
+    def _arg_hints(self, first: int) -> list[str | None]:
+        em = self.emitter
+        return [em.env.get(a) if not is_literal(a) else None for a in self.eqn.inputs[first:]]
+
+    def _define(self, region: Region, name: str, params: list[str], prologue: list[str],
+                returns, local: bool, decorator: str | None = None) -> None:
+        depth = self.fn.depth + 1 if local else 1
+        fdef = self.emitter.function(region, name, params, prologue, depth, returns=returns)
+        if decorator:
+            fdef = fdef.with_changes(decorators=[cst.Decorator(cst.parse_expression(decorator))])
+        (self.fn.body if local else self.emitter.module_defs).append(fdef)
+
+    def _after(self, code: str, local: bool) -> None:
+        if local:
+            self.fn.add(code)
+        else:
+            self.emitter.module_defs.append(stmt(code))
+
+    def _custom_function(self, region: Region, kind: str, nc: int, local: bool) -> tuple[str, str]:
+        """The primal ``@jax.custom_vjp``/``@jax.custom_jvp`` function; its Python name
+        and the name JAX records (``__name__``, kept even when the identifier is taken)."""
+        em = self.emitter
+        given = self.eqn.params.get("name")
+        dbg = getattr(region, "debug_info", None)
+        wanted = given if isinstance(given, str) and given else (
+            getattr(dbg, "func_name", None) or f"{kind}_fun")
+        name = wanted if wanted.isidentifier() and em.namer.claim(wanted) else \
+            em.namer.fresh(wanted, f"{kind}_fun")
+        if self.rule_key is not None:  # before the bodies, which may call it again
+            em.custom_functions[self.rule_key] = (name, wanted)
+        self._close_over(region.invars[:nc], self.eqn.inputs[:nc])
+        params = em.name_binders(region.invars[nc:], self._arg_hints(nc))
+        if name == wanted:
+            self._define(region, name, params, [], flat_return, local, f"jax.{kind}")
+        else:
+            self._define(region, name, params, [], flat_return, local)
+            self._after(f"{name}.__name__ = {wanted!r}", local)
+            self._after(f"{name} = jax.{kind}({name})", local)
+        return name, wanted
+
+    def _dense(self, names: list[str], prologue: list[str]) -> None:
+        """With symbolic_zeros, JAX may pass SymbolicZero objects: make them arrays."""
+        self.emitter.helpers.add("_dense")
+        for n in names:
+            if n != "_":
+                prologue.append(f"{n} = _dense({n})")
+
+    def custom_vjp(self, eqn: Equation) -> Call:
+        return self._custom(eqn, "_custom_vjp")
+
+    def custom_jvp(self, eqn: Equation) -> Call:
+        return self._custom(eqn, "_custom_jvp")
+
+    def _custom(self, eqn: Equation, build: str) -> Call:
+        """Rules that close over nothing are module-level functions, one per rule: equal
+        equations share one, and an equation whose rule was cut off at the rule depth
+        uses the function of its complete twin.  JAX and jaxpr_cc.trace then see one
+        custom function object where the original program had one, so rules nest (and
+        are cut off) as they did."""
+        em = self.emitter
+        nc = eqn.params.get("num_consts", 0)
+        if nc:
+            self.rule_key = None
+            return getattr(self, build)(eqn)
+        target = em.rule_twin(eqn)
+        key = em.rule_key(target)
+        if key not in em.custom_functions:
+            ctx = self if target is eqn else type(self)(em, target, self.fn, [])
+            ctx.rule_key = key
+            getattr(ctx, build)(target)
+        name, wanted = em.custom_functions[key]
+        return Call(name, list(self.ins), hint=wanted)
+
+    def _custom_vjp(self, eqn: Equation) -> Call:
+        complete = self._require_rules(["call_jaxpr", "fwd_jaxpr", "bwd_jaxpr"])
+        em, p = self.emitter, eqn.params
+        nc, num_res = p.get("num_consts", 0), p["num_res"]
+        symbolic = bool(p.get("symbolic_zeros"))
+        call = p["call_jaxpr"]
+        local = nc > 0
+        out_avals = [a.aval for a in call.outvars]
+        arg_avals = [v.aval for v in call.invars[nc:]]
+        n_out = len(out_avals)
+        name, wanted = self._custom_function(call, "custom_vjp", nc, local)
+        sz = ", symbolic_zeros=True" if symbolic else ""
+        if not complete:
+            fwd_name, bwd_name = em.namer.fresh(f"{name}_fwd"), em.namer.fresh(f"{name}_bwd")
+            self._raising(fwd_name, ["*primals"], "custom_vjp", wanted, local)
+            self._raising(bwd_name, ["residuals", "cts"], "custom_vjp", wanted, local)
+            self._after(f"{name}.defvjp({fwd_name}, {bwd_name}{sz})", local)
+            return Call(name, list(self.ins[nc:]), hint=wanted)
+        fwd, bwd = p["fwd_jaxpr"], p["bwd_jaxpr"]
+
+        fwd_name = em.namer.fresh(f"{name}_fwd")
+        self._close_over(fwd.invars[:nc], eqn.inputs[:nc])
+        fwd_params = em.name_binders(fwd.invars[nc:], self._arg_hints(nc))
+        prologue: list[str] = []
+        if symbolic:  # fwd then receives CustomVJPPrimal wrappers
+            wrapped = [em.namer.fresh(f"{n}_primal") for n in fwd_params]
+            prologue = [f"{n} = {w}.value" for n, w in zip(fwd_params, wrapped)]
+            fwd_params = wrapped
+        self._define(fwd, fwd_name, fwd_params, prologue,
+                     lambda outs: f"{flat_return(outs[:n_out])}, {tuple_src(outs[n_out:])}",
+                     local)
+
+        bwd_name = em.namer.fresh(f"{name}_bwd")
+        self._close_over(bwd.invars[:nc], eqn.inputs[:nc])
+        prologue = []
+        res = self._group_binders(bwd.invars[nc:nc + num_res], "residuals", prologue)
+        cts = iter(bwd.invars[nc + num_res:])
+        ct_names = [em.name_binders([next(cts)], ["ct"])[0] if inexact(a) else "_"
+                    for a in out_avals]
+        if n_out == 1 and ct_names[0] != "_":
+            g = ct_names[0]
+        else:
+            g = em.namer.fresh("cts")
+            if any(n != "_" for n in ct_names):
+                prologue.append(f"{tuple_src(ct_names)} = {g}")
+        if symbolic:
+            self._dense(ct_names, prologue)
+
+        def bwd_returns(outs):
+            it = iter(outs)
+            return tuple_src([next(it) if inexact(a) else "None" for a in arg_avals])
+        self._define(bwd, bwd_name, [res, g], prologue, bwd_returns, local)
+        self._after(f"{name}.defvjp({fwd_name}, {bwd_name}{sz})", local)
+        return Call(name, list(self.ins[nc:]), hint=wanted)
+
+    def _custom_jvp(self, eqn: Equation) -> Call:
+        complete = self._require_rules(["call_jaxpr", "jvp_jaxpr"])
+        em, p = self.emitter, eqn.params
+        nc = p.get("num_consts", 0)
+        symbolic = bool(p.get("symbolic_zeros"))
+        call = p["call_jaxpr"]
+        local = nc > 0
+        out_avals = [a.aval for a in call.outvars]
+        arg_avals = [v.aval for v in call.invars[nc:]]
+        n_in, n_out = len(arg_avals), len(out_avals)
+        name, wanted = self._custom_function(call, "custom_jvp", nc, local)
+        sz = ", symbolic_zeros=True" if symbolic else ""
+        rule_name = em.namer.fresh(f"{name}_jvp")
+        if not complete:
+            self._raising(rule_name, ["primals", "tangents"], "custom_jvp", wanted, local)
+            self._after(f"{name}.defjvp({rule_name}{sz})", local)
+            return Call(name, list(self.ins[nc:]), hint=wanted)
+        jvp = p["jvp_jaxpr"]
+        self._close_over(jvp.invars[:nc], eqn.inputs[:nc])
+        prologue: list[str] = []
+        primals = self._group_binders(jvp.invars[nc:nc + n_in], "primals", prologue)
+        tangent_vars = iter(jvp.invars[nc + n_in:])
+        t_names = [em.name_binders([next(tangent_vars)], ["tangent"])[0] if inexact(a) else "_"
+                   for a in arg_avals]
+        tangents = em.namer.fresh("tangents")
+        if any(n != "_" for n in t_names):
+            prologue.append(f"{tuple_src(t_names)} = {tangents}")
+        if symbolic:
+            self._dense(t_names, prologue)
+
+        def returns(outs):
+            it = iter(outs[n_out:])
+            t_out = [next(it) if inexact(a) else
+                     f"np.zeros({tuple(a.shape)!r}, dtype=jax.dtypes.float0)" for a in out_avals]
+            return f"{flat_return(outs[:n_out])}, {flat_return(t_out)}"
+        self._define(jvp, rule_name, [primals, tangents], prologue, returns, local)
+        self._after(f"{name}.defjvp({rule_name}{sz})", local)
+        return Call(name, list(self.ins[nc:]), hint=wanted)
+
+    def linear_call(self, eqn: Equation) -> Call:
+        complete = self._require_rules(["callee", "transpose_jaxpr"])
+        em, p = self.emitter, eqn.params
+        if p.get("num_callee_consts", 0):
+            raise PythonEmitError(f"{self._where()}: linear_call with closed-over callee values "
+                                  f"(num_callee_consts={p['num_callee_consts']}) has no source form")
+        callee, transpose = p["callee"], p["transpose_jaxpr"]
+        num_res = p["num_res"]
+        n_out = len(callee.outvars)
+        base = em.namer.fresh("linear_fun")
+        prologue: list[str] = []
+        res = self._group_binders(callee.invars[:num_res], "residuals", prologue)
+        lin = self._group_binders(callee.invars[num_res:], "linear", prologue)
+        self._define(callee, base, [res, lin], prologue, flat_return, False)
+        t_name = em.namer.fresh(f"{base}_transpose")
+        if not complete:
+            self._raising(t_name, ["residuals", "cts"], "linear_call transpose", base, False)
+            return Call("jax.custom_derivatives.linear_call",
+                        [base, t_name, tuple_src(self.ins[:num_res]),
+                         tuple_src(self.ins[num_res:])])
+        prologue = []
+        t_res = self._group_binders(transpose.invars[:num_res], "residuals", prologue)
+        cts = transpose.invars[num_res:]
+        if n_out == 1 and len(cts) == 1:
+            ct = em.name_binders(cts, ["ct"])[0]
+        else:
+            ct = self._group_binders(cts, "cts", prologue)
+        self._define(transpose, t_name, [t_res, ct], prologue, tuple_src, False)
+        return Call("jax.custom_derivatives.linear_call",
+                    [base, t_name, tuple_src(self.ins[:num_res]), tuple_src(self.ins[num_res:])])
+
+    def _group_binders(self, values, label: str, prologue: list[str]) -> str:
+        em = self.emitter
+        pname = em.namer.fresh(label)
+        names = em.name_binders(values, [None] * len(values))
+        if names:
+            prologue.append(f"{tuple_src(names)} = {pname}")
+        return pname
+
+    # -- callbacks and policies --------------------------------------------
+    def debug_callback(self, eqn: Equation) -> Call | None:
+        from ..jax_adapter import debug_callback_parts, is_ordered_effect
+        p = eqn.params
+        parts = debug_callback_parts(p.get("callback"))
+        if parts is None:
+            raise PythonEmitError(f"{self._where()}: the callback is not one jax.debug.callback "
+                                  f"made; it has no source form")
+        target, in_tree, static_args = parts
+        if static_args:
+            raise PythonEmitError(f"{self._where()}: callbacks with static arguments have no "
+                                  f"source form")
+        fn = self.emitter.callable_ref(target, self._where())
+        args_tree, kwargs_tree = in_tree.children()
+        _, keys = kwargs_tree.node_data()
+        n_pos = args_tree.num_leaves
+        if any(c.num_nodes != 1 or c.num_leaves != 1
+               for c in args_tree.children() + kwargs_tree.children()):
+            raise PythonEmitError(f"{self._where()}: callbacks taking pytrees have no source form")
+        kwargs = list(zip(keys or (), self.ins[n_pos:]))
+        if is_ordered_effect(p.get("effect")):
+            kwargs.append(("ordered", "True"))
+        if p.get("partitioned"):
+            kwargs.append(("partitioned", "True"))
+        return Call("jax.debug.callback", [fn] + list(self.ins[:n_pos]), kwargs)
+
+    def checkpoint_policy(self, policy):
+        import jax
+        if policy is None:
+            return None
+        for name in sorted(vars(jax.checkpoint_policies)):
+            candidate = getattr(jax.checkpoint_policies, name)
+            try:
+                same = candidate is policy or (type(candidate) is type(policy) and candidate == policy)
+            except Exception:
+                same = False
+            if same:
+                return f"jax.checkpoint_policies.{name}"
+        raise PythonEmitError(f"{self._where()}: checkpoint policy {policy!r} is not one of "
+                              f"jax.checkpoint_policies; it has no source form")

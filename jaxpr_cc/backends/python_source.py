@@ -1,0 +1,630 @@
+"""Program -> a readable Python module of plain JAX calls (built with libcst).
+
+The module holds one ``def <program name>(...)`` with the original calling
+convention (positional arguments, keyword-only arguments, pytrees of arrays) that
+returns the original output pytree.  Each equation becomes one ``lax``/``jax`` call
+chosen by the rule table in :mod:`.python_rules`; nested regions become local
+functions handed to ``lax.cond``/``lax.switch``/``lax.while_loop``/``lax.scan``/
+``jax.jit``/``jax.checkpoint``/``jax.shard_map``; custom differentiation rules become
+``@jax.custom_jvp``/``@jax.custom_vjp`` functions and
+``jax.custom_derivatives.linear_call`` (see :mod:`.python_custom`).  Primitives without a public spelling are
+applied with a ``_bind`` helper and marked ``# jaxpr-cc: no public spelling``.
+
+Constants with at most ``inline_limit`` elements are written inline; larger ones are
+loaded from a sidecar ``.npz`` next to the module when a sidecar name is given.
+
+API:
+
+* ``emit_python(program)`` -> ``str``: a self-contained module (all constants inline).
+* ``emit_python(program, sidecar_name="m.npz")`` -> ``(source, arrays)``: large
+  constants are read from ``m.npz`` beside the module; ``arrays`` maps each key of
+  that file to its array (``numpy.savez`` them, or use ``write_python``).
+* ``write_python(program, path)`` writes ``path`` and, when needed, its sidecar
+  ``path.with_suffix(".npz")`` atomically; returns the paths written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import tempfile
+from typing import Any, Sequence
+
+import libcst as cst
+import numpy as np
+
+from ..ir.equation import Equation
+from ..ir.printer import _is_function
+from ..ir.region import Region
+from ..ir.value import Value, is_literal
+from .python_names import ModuleNamer, to_identifier
+from .python_rules import FOLDS, NO_SPELLING, RULES, Call
+from .python_custom import CustomRulesMixin
+from .python_spelling import (SpellingError, array_literal_source, dtype_source,
+                              literal_source, param_source, restore_expression,
+                              sidecar_array)
+from .python_text import (HELPER_IMPORTS, HELPERS, Function, PythonEmitError, flat_return,
+                          layout, render_call, stmt, tuple_src)
+
+__all__ = ["INLINE_LIMIT", "PythonEmitError", "PythonModule", "emit_python",
+           "emit_python_module", "write_python"]
+
+INLINE_LIMIT = 64  # constants with more elements go to the sidecar (when there is one)
+
+
+@dataclasses.dataclass(frozen=True)
+class PythonModule:
+    """An emitted module: its source and the arrays it loads from ``sidecar_name``."""
+    source: str
+    sidecar_name: str | None
+    arrays: dict
+
+
+def emit_python(program, *, sidecar_name: str | None = None, inline_limit: int = INLINE_LIMIT):
+    """Python source for ``program`` (see the module docstring for the two forms)."""
+    module = emit_python_module(program, sidecar_name=sidecar_name, inline_limit=inline_limit)
+    if sidecar_name is None:
+        return module.source
+    return module.source, dict(module.arrays)
+
+
+def emit_python_module(program, *, sidecar_name: str | None = None,
+                       inline_limit: int = INLINE_LIMIT) -> PythonModule:
+    if sidecar_name is not None and (os.sep in sidecar_name or not sidecar_name.endswith(".npz")):
+        raise ValueError(f"sidecar_name {sidecar_name!r}: expected a bare file name ending in .npz "
+                         f"(it is resolved next to the emitted module)")
+    emitter = _ModuleEmitter(program, sidecar_name, inline_limit)
+    source = emitter.build()
+    return PythonModule(source, sidecar_name if emitter.arrays else None, emitter.arrays)
+
+
+def write_python(program, path, *, inline_limit: int = INLINE_LIMIT) -> list[pathlib.Path]:
+    """Write the module to ``path`` and its constants to ``path.with_suffix('.npz')``
+    (only when some constant is larger than ``inline_limit`` elements)."""
+    path = pathlib.Path(path)
+    if path.suffix != ".py":
+        raise ValueError(f"{path}: the emitted module needs a .py file name")
+    sidecar = path.with_suffix(".npz")
+    module = emit_python_module(program, sidecar_name=sidecar.name, inline_limit=inline_limit)
+    written = []
+    if module.arrays:
+        _atomic_write(sidecar, lambda f: np.savez(f, **module.arrays))
+        written.append(sidecar)
+    _atomic_write(path, lambda f: f.write(module.source.encode()))
+    written.append(path)
+    return written
+
+
+def _atomic_write(path: pathlib.Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+class _ModuleEmitter:
+    def __init__(self, program, sidecar_name: str | None, inline_limit: int):
+        self.program = program
+        self.sidecar_name = sidecar_name
+        self.inline_limit = inline_limit
+        self.namer = ModuleNamer()
+        self.env: dict[Value, str] = {}
+        self.helpers: set[str] = set()
+        self.imports: set[str] = set()
+        self.constants: list[str] = []
+        self.arrays: dict[str, np.ndarray] = {}
+        self.module_defs: list[cst.BaseStatement] = []
+        self.namedtuples: dict[tuple, str] = {}
+        self.imports_from: list[str] = []
+        self.uses_partition_spec = False
+        self.callables: dict[int, str] = {}
+        self.custom_functions: dict[str, tuple[str, str]] = {}
+        self.rule_families: dict[str, tuple[str, Equation]] | None = None
+
+    # ------------------------------------------------------------ top level
+    def build(self) -> str:
+        program = self.program
+        fn_name = self.namer.fresh(program.name, "program")
+        params_src, prologue, arg_leaves = self._signature()
+        top = Function(depth=1)
+        for code in prologue:
+            top.add(code)
+        # Hoisted parameters and closed-over constants become module constants.
+        for v, value in zip(program.body.invars[:len(program.params)], program.params):
+            self.env[v] = self._constant(v.name or "param", value)
+        for v, leaf_name in zip(program.arg_values, arg_leaves):
+            self.env[v] = leaf_name
+        self._bind_consts(program.body)
+        outs = self._emit_equations(program.body, top)
+        top.add(f"return {self._output_expr(program.out_tree, outs)}")
+        fn = stmt(f"def {fn_name}({params_src}):\n    pass\n").with_changes(
+            body=cst.IndentedBlock(body=[stmt(self._docstring())] + top.body))
+        return self._assemble(fn)
+
+    def _docstring(self) -> str:
+        p = self.program
+        return (f'"""{p.name}: emitted by jaxpr-cc.\n\n    Arguments: {p.in_tree}\n'
+                f'    Returns: {p.out_tree}\n    """')
+
+    def _assemble(self, fn: cst.BaseStatement) -> str:
+        docstring = (f'"""Python emitted by jaxpr-cc from the traced program {self.program.name!r}.\n\n'
+                     f'Plain JAX: one call per equation of the program.  Regenerate it with\n'
+                     f'``jaxpr-cc emit --to python`` rather than editing it.\n"""')
+        stdlib = {"importlib": "import importlib.util"}
+        modules = set(self.imports) | ({"os"} if self.arrays else set())
+        imports = sorted(stdlib.get(m, f"import {m}") for m in modules)
+        third_party = ["import jax", "import jax.numpy as jnp", "import numpy as np",
+                       "from jax import lax"]
+        if self.uses_partition_spec:
+            third_party.append("from jax.sharding import PartitionSpec as P")
+        third_party += sorted(self.imports_from)
+        helpers: list[cst.BaseStatement] = []
+        for name in sorted(self.helpers):
+            helpers.extend(cst.parse_module(HELPERS[name].strip() + "\n").body)
+        constants = [stmt(c) for c in self.constants]
+        if self.arrays:
+            constants.insert(0, stmt(
+                f"with np.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "
+                f"{self.sidecar_name!r})) as _sidecar:\n"
+                f"    _CONSTS = {{key: _sidecar[key] for key in _sidecar.files}}\n"))
+        groups = [("doc", [stmt(docstring)]), ("import", [stmt(i) for i in imports]),
+                  ("import", [stmt(i) for i in third_party]), ("body", helpers),
+                  ("body", constants), ("body", self.module_defs), ("body", [fn])]
+        code = layout([(kind, g) for kind, g in groups if g])
+        cst.parse_module(code)  # the emitted text must parse back
+        compile(code, f"<jaxpr-cc {self.program.name}>", "exec")
+        return code
+
+    # ------------------------------------------------------------ signature
+    def _signature(self) -> tuple[str, list[str], list[str]]:
+        """``def`` parameters, statements unpacking pytree arguments, leaf names."""
+        program = self.program
+        args_tree, kwargs_tree = program.in_tree.children()
+        _, kw_keys = kwargs_tree.node_data()
+        kw_keys = list(kw_keys or [])
+        hints = [v.name for v in program.arg_values]
+        prologue: list[str] = []
+        leaf_names: list[str] = []
+        params: list[str] = []
+        # Keyword-only parameters must keep their names exactly: claim them first.
+        kw_ok = all(isinstance(k, str) and self.namer.claim(k) for k in kw_keys)
+        if not kw_ok:
+            raise PythonEmitError(
+                f"{program.name}: keyword arguments {kw_keys!r} are not all distinct Python "
+                f"identifiers; rename them in the traced function")
+        start = 0
+        for i, child in enumerate(args_tree.children()):
+            n = child.num_leaves
+            heads = {(h or "").split(".")[0] for h in hints[start:start + n]}
+            head = heads.pop() if len(heads) == 1 and n else f"arg{i}"
+            name = self.namer.fresh(head, f"arg{i}")
+            params.append(name)
+            leaf_names += self._unpack_arg(name, child, hints[start:start + n], prologue)
+            start += n
+        if kw_keys:
+            params.append("*")
+            for key, child in zip(kw_keys, kwargs_tree.children()):
+                params.append(key)
+                n = child.num_leaves
+                leaf_names += self._unpack_arg(key, child, hints[start:start + n], prologue)
+                start += n
+        return ", ".join(params), prologue, leaf_names
+
+    def _unpack_arg(self, name: str, tree, hints, prologue: list[str]) -> list[str]:
+        from jax import tree_util
+        if tree_util.treedef_is_leaf(tree) and tree.num_nodes == 1:
+            return [name]
+        paths = _leaf_paths(tree)
+        leaf_names = [self.namer.fresh(h or f"{name}_{k}") for k, h in enumerate(hints)]
+        if paths is None:
+            if leaf_names:
+                prologue.append(f"{tuple_src(leaf_names)} = jax.tree_util.tree_leaves({name})")
+            return leaf_names
+        for leaf, path in zip(leaf_names, paths):
+            prologue.append(f"{leaf} = {name}{path}")
+        return leaf_names
+
+    def _output_expr(self, tree, outs: list[str]) -> str:
+        """The output pytree as an expression; for a pytree node type with no source
+        spelling (a registered class), the flat leaves, with the structure recorded in
+        ``__jaxpr_cc_out_tree__`` (``jax.tree_util.tree_unflatten`` restores it)."""
+        expr = self._tree_expr(tree, iter(outs))
+        if expr is None:
+            self.constants.append(f"__jaxpr_cc_out_tree__ = {str(tree)!r}  # returned flat")
+            return tuple_src(outs)
+        return expr
+
+    def _tree_expr(self, tree, leaves) -> str | None:
+        data = tree.node_data()
+        if data is None:
+            return next(leaves)
+        kind, aux = data
+        children = tree.children()
+        if kind is type(None):
+            return "None"
+        parts = [self._tree_expr(c, leaves) for c in children]
+        if any(p is None for p in parts):
+            return None
+        if kind is tuple:
+            return tuple_src(parts)
+        if kind is list:
+            return "[" + ", ".join(parts) + "]"
+        if kind is dict:
+            return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(aux, parts)) + "}"
+        if isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "_fields"):
+            cls = self._namedtuple(kind)
+            return f"{cls}(" + ", ".join(f"{f}={p}" for f, p in zip(kind._fields, parts)) + ")"
+        return None
+
+    def _namedtuple(self, kind) -> str:
+        """The output namedtuple class: imported from its module when that module can
+        be imported by name, else defined here with the same name and fields."""
+        key = (kind.__module__, kind.__qualname__, tuple(kind._fields))
+        if key in self.namedtuples:
+            return self.namedtuples[key]
+        name = self.namer.fresh(kind.__name__, "Record")
+        if _importable(kind.__module__) and "." not in kind.__qualname__ \
+                and kind.__qualname__.isidentifier():
+            alias = "" if name == kind.__qualname__ else f" as {name}"
+            self.imports_from.append(f"from {kind.__module__} import {kind.__qualname__}{alias}")
+        else:
+            self.imports.add("collections")
+            self.module_defs.insert(0, stmt(
+                f"{name} = collections.namedtuple({kind.__name__!r}, {list(kind._fields)!r})"))
+        self.namedtuples[key] = name
+        return name
+
+    # ------------------------------------------------------------ constants
+    def _constant(self, hint: str, value: Any) -> str:
+        name = self.namer.fresh(hint.upper() if hint else "CONST", "CONST")
+        size = int(np.size(value))
+        if self.sidecar_name is not None and size > self.inline_limit:
+            data, suffix = sidecar_array(value)
+            self.arrays[name] = data
+            self.constants.append(f"{name} = {restore_expression(f'_CONSTS[{name!r}]', suffix)}")
+        else:
+            try:
+                src = array_literal_source(value)
+            except SpellingError as e:
+                raise PythonEmitError(f"{self.program.name}: constant {hint!r}: {e}") from None
+            self.constants.append(f"{name} = {src}")
+        return name
+
+    def _bind_consts(self, region: Region) -> None:
+        consts = region.consts if region.consts is not None else [None] * len(region.constvars)
+        for v, value in zip(region.constvars, consts):
+            if value is None:
+                raise PythonEmitError(
+                    f"{self.program.name}: a region holds an open constant binder with no value")
+            self.env[v] = self._constant(v.name or "const", value)
+
+    # ------------------------------------------------------------ equations
+    def atom(self, a) -> str:
+        if is_literal(a):
+            try:
+                return literal_source(a.val, a.aval)
+            except SpellingError as e:
+                raise PythonEmitError(f"{self.program.name}: literal {a}: {e}") from None
+        return self.env[a]
+
+    # ------------------------------------------------------------ custom rules
+    _RULE_REGIONS = {"custom_vjp_call": ("fwd_jaxpr", "bwd_jaxpr"),
+                     "custom_jvp_call": ("jvp_jaxpr",)}
+
+    def rule_key(self, eqn: Equation, *, family: bool = False) -> str:
+        """Structural identity of a custom equation's rule (its printed regions and
+        params); ``family`` leaves out the rule regions and the depth cut-off, so a
+        cut-off equation matches its complete twin."""
+        from ..ir.printer import format_param, print_region
+        skip = {"source"} | ({"depth_limit", *self._RULE_REGIONS.get(eqn.prim.name, ())}
+                             if family else set())
+        parts = [eqn.prim.name]
+        for key, value in sorted(eqn.params.items()):
+            if key in skip:
+                continue
+            if isinstance(value, Region):
+                parts.append(f"{key}:{print_region(value)}")
+            else:
+                parts.append(f"{key}={format_param(value)}")
+        return "\n".join(parts)
+
+    def rule_twin(self, eqn: Equation) -> Equation:
+        """The equation whose rule defines the function for ``eqn``: of the equations of
+        one custom function (same name, primal and parameters), the most deeply
+        materialized one.  JAX materializes a rule inside its own rules (relu's jvp
+        calls relu), and jaxpr_cc.trace cuts that off after ``rule_depth`` levels of
+        the same function; the levels differ only in how deep they go, and one
+        function reproduces them all."""
+        if self.rule_families is None:
+            self.rule_families = {}
+            for _, e in self.program.body.walk():
+                if e.prim.name in self._RULE_REGIONS and not e.params.get("num_consts", 0):
+                    key, full = self.rule_key(e, family=True), self.rule_key(e)
+                    best = self.rule_families.get(key)
+                    if best is None or len(full) > len(best[0]):
+                        self.rule_families[key] = (full, e)
+        found = self.rule_families.get(self.rule_key(eqn, family=True))
+        return found[1] if found is not None else eqn
+
+    def closed_over(self, a, fn: Function) -> str:
+        """A value a nested function closes over.  A literal operand there was a traced
+        scalar constant in the original program (JAX writes those as literals outside the
+        closure): stage one in ``fn`` so the closure captures a traced value again."""
+        if not is_literal(a):
+            return self.env[a]
+        name = self.namer.fresh("closed")
+        if getattr(a.aval, "weak_type", False):
+            fn.add(f"{name} = jnp.asarray({literal_source(a.val, a.aval)})")
+        else:
+            from .python_spelling import python_scalar_source
+            scalar = np.asarray(a.val).reshape(()).item()
+            fn.add(f"{name} = lax.convert_element_type({python_scalar_source(scalar)}, "
+                   f"{dtype_source(a.aval.dtype)})")
+        return name
+
+    def _emit_equations(self, region: Region, fn: Function) -> list[str]:
+        order = region.topo_order()
+        folds: dict[Equation, list[Equation]] = {}
+        folded: set[Equation] = set()
+        for eqn in order:
+            fold = FOLDS.get(eqn.prim.name)
+            if fold is not None:
+                found = [p for p in fold(eqn) if p not in folded]
+                if found:
+                    folds[eqn] = found
+                    folded.update(found)
+        for eqn in order:
+            if eqn not in folded:
+                self._emit_equation(eqn, fn, folds.get(eqn, []))
+        return [self.atom(a) for a in region.outvars]
+
+    def _emit_equation(self, eqn: Equation, fn: Function, folded: list[Equation]) -> None:
+        ctx = _EqnContext(self, eqn, fn, folded)
+        call = None
+        rule = RULES.get(eqn.prim.name)
+        if rule is not None:
+            try:
+                call = rule(ctx, eqn)
+            except SpellingError:
+                call = None
+        if call is None:
+            if folded:  # the folded producers must then be emitted on their own
+                for producer in folded:
+                    self._emit_equation(producer, fn, [])
+            call = self._bind_call(eqn, ctx)
+        target = self._targets(eqn, call, ctx.unpack)
+        fn.add(render_call(call, target, fn.depth))
+
+    def _targets(self, eqn: Equation, call: Call, unpack: list[int] | None) -> str | None:
+        region = eqn.region
+        names = []
+        for v in eqn.outputs:
+            if region is not None and not region.has_users(v):
+                names.append("_")
+                continue
+            hint = v.name or call.hint or to_identifier(eqn.prim.name)
+            self.env[v] = self.namer.fresh(hint)
+            names.append(self.env[v])
+        if unpack is not None:
+            groups, k = [], 0
+            for n in unpack:
+                groups.append(tuple_src(names[k:k + n]))
+                k += n
+            return ", ".join(groups)
+        if not names:
+            return None
+        if len(names) == 1 and not call.multiple:
+            return names[0]
+        if len(names) == 1:
+            return f"{names[0]},"
+        return ", ".join(names)
+
+    def _bind_call(self, eqn: Equation, ctx: "_EqnContext") -> Call:
+        kwargs = []
+        for key, value in eqn.params.items():
+            if isinstance(value, Region) or (isinstance(value, tuple) and value
+                                              and isinstance(value[0], Region)):
+                raise PythonEmitError(
+                    f"{self.program.name}: primitive {eqn.prim.name!r} has nested regions "
+                    f"(parameter {key!r}) and no emission rule")
+            if _is_function(value):
+                raise PythonEmitError(
+                    f"{self.program.name}: primitive {eqn.prim.name!r}: parameter {key!r} is a "
+                    f"Python callable; the program is not first-order (trace it with "
+                    f"jaxpr_cc.trace so custom rules become regions)")
+            try:
+                kwargs.append((key, self.param(value, dtype_objects=True)))
+            except SpellingError as e:
+                raise PythonEmitError(
+                    f"{self.program.name}: primitive {eqn.prim.name!r}: parameter {key!r} has no "
+                    f"Python spelling ({e})") from None
+        self.helpers.add("_bind")
+        self.imports.update(HELPER_IMPORTS["_bind"])
+        return Call("_bind", [repr(eqn.prim.name)] + list(ctx.ins), kwargs,
+                    multiple=bool(eqn.prim.multiple_results), comment=NO_SPELLING)
+
+    def param(self, value: Any, *, dtype_objects: bool = False) -> str:
+        src = param_source(value, dtype_objects=dtype_objects)
+        if "_mesh(" in src:
+            self.helpers.add("_mesh")
+        if "P(" in src:
+            self.uses_partition_spec = True
+        return src
+
+    # ------------------------------------------------------------ functions
+    def function(self, region: Region, name: str, params: list[str], prologue: list[str],
+                 depth: int, *, returns) -> cst.BaseStatement:
+        """A FunctionDef for ``region``; ``returns(outs)`` builds the return expression."""
+        inner = Function(depth)
+        for code in prologue:
+            inner.add(code)
+        self._bind_consts(region)
+        outs = self._emit_equations(region, inner)
+        inner.add(f"return {returns(outs)}")
+        return stmt(f"def {name}({', '.join(params)}):\n    pass\n").with_changes(
+            body=cst.IndentedBlock(body=inner.body))
+
+    def callable_ref(self, target, where: str) -> str:
+        """A module-level name bound to ``target`` through ``_import_callable``."""
+        key = id(target)
+        if key in self.callables:
+            return self.callables[key]
+        module = getattr(target, "__module__", None)
+        qualname = getattr(target, "__qualname__", None)
+        if not module or not qualname or "<" in qualname:
+            raise PythonEmitError(f"{where}: callback {target!r} is not importable by module and "
+                                  f"name (a lambda or a nested function); it has no source form")
+        import sys
+        mod = sys.modules.get(module)
+        path = getattr(mod, "__file__", None)
+        name = self.namer.fresh(qualname.split(".")[-1].lstrip("_") or "callback")
+        self.helpers.add("_import_callable")
+        self.imports.update(HELPER_IMPORTS["_import_callable"])
+        self.constants.append(f"{name} = _import_callable({module!r}, {qualname!r}, {path!r})")
+        self.callables[key] = name
+        return name
+
+    def name_binders(self, values: Sequence[Value], hints: Sequence[str | None]) -> list[str]:
+        names = []
+        for v, hint in zip(values, hints):
+            self.env[v] = self.namer.fresh(hint or v.name or "a")
+            names.append(self.env[v])
+        return names
+
+
+def _importable(module: str) -> bool:
+    """Whether ``import module`` works in a fresh process: its top-level package is on
+    sys.path (files loaded under made-up module names, like the corpus's, are not)."""
+    import importlib.machinery
+    parts = module.split(".")
+    if module == "__main__" or not all(p.isidentifier() for p in parts):
+        return False
+    try:
+        return importlib.machinery.PathFinder.find_spec(parts[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+def _leaf_paths(tree) -> list[str] | None:
+    """Accessors (``["w"]``, ``[0]``, ``.pos``) of each leaf, or None when the tree has
+    a node type other than tuple/list/dict/namedtuple/None."""
+    data = tree.node_data()
+    if data is None:
+        return [""]
+    kind, aux = data
+    children = tree.children()
+    if kind is type(None):
+        return []
+    if kind in (tuple, list):
+        keys = [f"[{i}]" for i in range(len(children))]
+    elif kind is dict:
+        keys = [f"[{k!r}]" for k in aux]
+    elif isinstance(kind, type) and issubclass(kind, tuple) and hasattr(kind, "_fields"):
+        keys = [f".{f}" for f in kind._fields]
+    else:
+        return None
+    paths = []
+    for key, child in zip(keys, children):
+        sub = _leaf_paths(child)
+        if sub is None:
+            return None
+        paths += [key + s for s in sub]
+    return paths
+
+
+class _EqnContext(CustomRulesMixin):
+    """What a rule sees of the emitter while spelling one equation."""
+
+    def __init__(self, emitter: _ModuleEmitter, eqn: Equation, fn: Function,
+                 folded: list[Equation]):
+        self.emitter = emitter
+        self.eqn = eqn
+        self.fn = fn
+        self.folded = folded
+        self.unpack: list[int] | None = None
+        self.rule_key: str | None = None
+        # Operands produced by folded equations have no name; the rule spells them.
+        # (Operands of a rule's twin equation elsewhere in the program have none here.)
+        folded_values = {id(v) for e in folded for v in e.outputs}
+        self.ins = [None if id(a) in folded_values or (not is_literal(a) and a not in emitter.env)
+                    else emitter.atom(a) for a in eqn.inputs]
+
+    def atom(self, a) -> str:
+        return self.emitter.atom(a)
+
+    def param(self, value) -> str:
+        return self.emitter.param(value)
+
+    def dtype(self, d) -> str:
+        return dtype_source(d)
+
+    def seq(self, atoms) -> str:
+        return tuple_src([self.atom(a) for a in atoms])
+
+    def _where(self) -> str:
+        return f"{self.emitter.program.name}: {self.eqn.prim.name}"
+
+    # -- nested regions as local functions --------------------------------
+    def explicit_function(self, region: Region, hint: str, exact_name: str | None = None) -> str:
+        """A local function taking every region input as a parameter (named after the
+        operands passed in) and returning its outputs (a bare value for one)."""
+        em = self.emitter
+        name = None
+        if exact_name and exact_name.isidentifier() and em.namer.claim(exact_name):
+            name = exact_name
+        if name is None:
+            name = em.namer.fresh(hint, "fn")
+        operand_hints = [em.env.get(a) if not is_literal(a) else None for a in self.eqn.inputs]
+        offset = len(self.eqn.inputs) - len(region.invars)
+        hints = [operand_hints[offset + i] if 0 <= offset + i < len(operand_hints) else None
+                 for i in range(len(region.invars))]
+        params = em.name_binders(region.invars, hints)
+        fdef = em.function(region, name, params, [], self.fn.depth + 1,
+                           returns=flat_return)
+        self.fn.body.append(fdef)
+        if exact_name and name != exact_name:
+            # jax.jit records the function's __name__ as the equation's name.
+            self.fn.add(f"{name}.__name__ = {exact_name!r}")
+        return name
+
+    def carry_function(self, region: Region, hint: str, consts: Sequence[Any],
+                       groups: list[int], result) -> str:
+        """A local function for a loop body: the first ``len(consts)`` region inputs are
+        the loop's closed-over values (referenced by their outer names), the rest come
+        in tuple parameters of the given sizes (``carry``, ``x``)."""
+        em = self.emitter
+        name = em.namer.fresh(hint, "fn")
+        invars = region.invars
+        for v, outer in zip(invars[:len(consts)], consts):
+            em.env[v] = em.closed_over(outer, self.fn)
+        rest = invars[len(consts):]
+        labels = ["carry", "x"] if len(groups) == 2 else ["carry"]
+        params, prologue, k = [], [], 0
+        outer_rest = list(self.eqn.inputs[len(self.eqn.inputs) - len(rest):])
+        for label, n in zip(labels, groups):
+            pname = em.namer.fresh(label)
+            params.append(pname)
+            hints = [em.env.get(a) if not is_literal(a) else None for a in outer_rest[k:k + n]]
+            names = em.name_binders(rest[k:k + n], hints)
+            if names:
+                prologue.append(f"{tuple_src(names)} = {pname}")
+            k += n
+        if result == "single":
+            returns = flat_return
+        else:
+            sizes = result
+
+            def returns(outs, sizes=sizes):
+                parts, j = [], 0
+                for n in sizes:
+                    parts.append(tuple_src(outs[j:j + n]))
+                    j += n
+                return parts[0] if len(parts) == 1 else ", ".join(parts)
+        fdef = em.function(region, name, params, prologue, self.fn.depth + 1,
+                           returns=returns)
+        self.fn.body.append(fdef)
+        return name

@@ -1,0 +1,237 @@
+"""Python source spellings of the data a program holds: literals, parameters, arrays.
+
+Each spelling evaluates, in an emitted module (``import jax``, ``import jax.numpy as
+jnp``, ``from jax import lax``, ``import numpy as np``, ``P = PartitionSpec``), to a
+value equal to the original.  Values with no faithful source form raise
+:class:`SpellingError`, which callers turn into a message naming the primitive and
+the parameter.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import numpy as np
+
+import jax
+from jax import lax
+
+from ..ir.arrays import to_numpy
+
+
+class SpellingError(ValueError):
+    """A value has no Python source spelling."""
+
+
+# ----------------------------------------------------------------- dtypes
+_NUMPY_DTYPES = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128",
+})
+
+
+def dtype_source(dtype) -> str:
+    """``np.float32`` / ``jnp.bfloat16``: a scalar type accepted wherever JAX takes a dtype."""
+    d = np.dtype(dtype)
+    if d.name in _NUMPY_DTYPES:
+        return "np.bool_" if d.name == "bool" else f"np.{d.name}"
+    if hasattr(jax.numpy, d.name):  # ml_dtypes types JAX re-exports (bfloat16, float8_*...)
+        return f"jnp.{d.name}"
+    raise SpellingError(f"dtype {d} has no jax.numpy spelling")
+
+
+def dtype_object_source(dtype) -> str:
+    """``np.dtype("float32")``: an actual dtype object, as primitive parameters hold."""
+    d = np.dtype(dtype)
+    if d.name in _NUMPY_DTYPES:
+        return f"np.dtype({d.name!r})"
+    if hasattr(jax.numpy, d.name):
+        return f"jnp.dtype({d.name!r})"
+    raise SpellingError(f"dtype {d} has no jax.numpy spelling")
+
+
+def is_dtype(value: Any) -> bool:
+    if isinstance(value, np.dtype):
+        return True
+    return isinstance(value, type) and issubclass(value, np.generic)
+
+
+# ---------------------------------------------------------------- scalars
+def float_source(x: float) -> str:
+    if math.isnan(x):
+        return "np.nan"
+    if math.isinf(x):
+        return "np.inf" if x > 0 else "-np.inf"
+    return repr(float(x))
+
+
+def python_scalar_source(x: Any) -> str:
+    """Source for a Python/numpy scalar as a plain Python number (no dtype)."""
+    if isinstance(x, (bool, np.bool_)):
+        return repr(bool(x))
+    if isinstance(x, (int, np.integer)):
+        return repr(int(x))
+    if isinstance(x, (complex, np.complexfloating)):
+        c = complex(x)
+        return f"complex({float_source(c.real)}, {float_source(c.imag)})"
+    return float_source(float(x))
+
+
+# Dtypes a weakly typed Python scalar takes when it stands alone (x64 disabled).
+_WEAK_DEFAULTS = {bool: "bool", int: "int32", float: "float32", complex: "complex64"}
+
+
+def literal_source(val: Any, aval) -> str:
+    """A scalar literal that JAX stages as the same ``Literal`` (value, dtype, weak type).
+
+    Weakly typed literals are spelled as Python numbers (JAX gives them the dtype of
+    the operand they meet, as the original program did); strongly typed ones as numpy
+    scalars of their dtype.
+    """
+    dtype = np.dtype(aval.dtype)
+    scalar = np.asarray(val).reshape(()).item() if not isinstance(val, (bool, int, float, complex)) \
+        else val
+    if dtype == np.bool_:
+        return repr(bool(scalar))
+    if getattr(aval, "weak_type", False):
+        return python_scalar_source(scalar)
+    return f"{dtype_source(dtype)}({python_scalar_source(scalar)})"
+
+
+# ----------------------------------------------------------------- arrays
+def array_literal_source(x: Any) -> str:
+    """``np.array([...], dtype=np.float32).reshape((2, 3))`` (exact for every element)."""
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        impl = str(jax.random.key_impl(x))
+        return f"jax.random.wrap_key_data({array_literal_source(jax.random.key_data(x))}, impl={impl!r})"
+    a = to_numpy(x)
+    dtype = np.dtype(getattr(x, "dtype", a.dtype))
+    flat = [python_scalar_source(v) for v in a.reshape(-1).tolist()] if dtype.name in _NUMPY_DTYPES \
+        else [python_scalar_source(float(v)) for v in a.reshape(-1).astype(np.float64).tolist()]
+    body = "[" + ", ".join(flat) + "]" if a.ndim else flat[0]
+    src = f"np.array({body}, dtype={dtype_source(dtype)})"
+    if a.ndim > 1 or (a.ndim == 1 and a.size == 0):
+        src += f".reshape({tuple(a.shape)!r})"
+    return src
+
+
+def sidecar_array(x: Any) -> tuple[np.ndarray, str]:
+    """What to store in the ``.npz`` for ``x`` and the suffix that restores it.
+
+    ``np.savez`` keeps only numpy's own dtypes; others (bfloat16...) are stored as
+    their bits and viewed back; PRNG keys as their key data and re-wrapped.
+    """
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        impl = str(jax.random.key_impl(x))
+        data, suffix = sidecar_array(jax.random.key_data(x))
+        return data, f"{suffix}|wrap:{impl}"
+    a = np.ascontiguousarray(to_numpy(x))
+    dtype = np.dtype(getattr(x, "dtype", a.dtype))
+    if dtype.name in _NUMPY_DTYPES:
+        return a, ""
+    bits = np.dtype(f"uint{dtype.itemsize * 8}")
+    return a.view(bits), f".view({dtype_source(dtype)})"
+
+
+def restore_expression(load: str, suffix: str) -> str:
+    """Apply the restore suffix of :func:`sidecar_array` to the expression ``load``."""
+    view, _, wrap = suffix.partition("|wrap:")
+    expr = load + view
+    if wrap:
+        expr = f"jax.random.wrap_key_data({expr}, impl={wrap!r})"
+    return expr
+
+
+# ------------------------------------------------------------- parameters
+def _named_tuple_source(value, qualified: str) -> str:
+    inner = ", ".join(f"{f}={param_source(getattr(value, f))}" for f in value._fields)
+    return f"{qualified}({inner})"
+
+
+_LAX_TYPES = {
+    "GatherDimensionNumbers": "lax.GatherDimensionNumbers",
+    "ScatterDimensionNumbers": "lax.ScatterDimensionNumbers",
+    "ConvDimensionNumbers": "lax.ConvDimensionNumbers",
+}
+
+_LAX_ENUMS = {"GatherScatterMode", "RoundingMethod", "FftType", "Precision",
+              "DotAlgorithmPreset"}
+
+
+def param_source(value: Any, *, dtype_objects: bool = False) -> str:
+    """Source for a primitive parameter value.
+
+    ``dtype_objects`` spells dtypes as ``np.dtype(...)`` objects (what ``bind``
+    needs) rather than scalar types (what the ``lax`` functions take).
+    """
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    rec = lambda v: param_source(v, dtype_objects=dtype_objects)  # noqa: E731
+    if value is None or isinstance(value, (bool, str)):
+        return repr(value)
+    if isinstance(value, enum.Enum):  # before numbers: IntEnum params (FftType) are ints too
+        return _enum_source(value)
+    if isinstance(value, (np.integer, np.bool_)):
+        return python_scalar_source(value)  # JAX treats integer params by value
+    if isinstance(value, (int, float, complex, np.generic)) and not isinstance(value, np.dtype):
+        if isinstance(value, np.generic):
+            return f"{dtype_source(value.dtype)}({python_scalar_source(value)})"
+        return python_scalar_source(value)
+    if is_dtype(value) or (hasattr(value, "dtype") and type(value).__name__.endswith("DType")):
+        return dtype_object_source(value) if dtype_objects else dtype_source(value)
+    name = type(value).__name__
+    if name in _LAX_TYPES and hasattr(value, "_fields"):
+        return _named_tuple_source(value, _LAX_TYPES[name])
+    if isinstance(value, PartitionSpec):
+        parts = ", ".join(rec(p) if not isinstance(p, tuple) else
+                          "(" + ", ".join(map(repr, p)) + ("," if len(p) == 1 else "") + ")"
+                          for p in value)
+        extra = ""
+        unreduced = getattr(value, "unreduced", None)
+        if unreduced:
+            extra += f"{', ' if parts else ''}unreduced={rec(frozenset(unreduced))}"
+        return f"P({parts}{extra})"
+    if isinstance(value, NamedSharding):
+        kind = "" if value.memory_kind in (None, "device") else f", memory_kind={value.memory_kind!r}"
+        return f"jax.sharding.NamedSharding({mesh_source(value.mesh)}, {rec(value.spec)}{kind})"
+    if isinstance(value, Mesh) or type(value).__name__ == "AbstractMesh":
+        return mesh_source(value)
+    if isinstance(value, (frozenset, set)):
+        items = sorted((rec(v) for v in value))
+        return "frozenset({" + ", ".join(items) + "})" if items else "frozenset()"
+    if isinstance(value, tuple):
+        if hasattr(value, "_fields"):
+            raise SpellingError(f"named tuple {type(value).__qualname__} has no spelling")
+        inner = ", ".join(rec(v) for v in value)
+        return f"({inner}{',' if len(value) == 1 else ''})"
+    if isinstance(value, list):
+        return "[" + ", ".join(rec(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{rec(k)}: {rec(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (np.ndarray, jax.Array)):
+        return array_literal_source(value)
+    raise SpellingError(f"value of type {type(value).__module__}.{type(value).__qualname__} "
+                        f"has no Python source spelling")
+
+
+def _enum_source(value: enum.Enum) -> str:
+    name = type(value).__name__
+    if name in _LAX_ENUMS and getattr(lax, name, None) is type(value):
+        return f"lax.{name}.{value.name}"
+    if name == "AxisType" and jax.sharding.AxisType is type(value):
+        return f"jax.sharding.AxisType.{value.name}"
+    raise SpellingError(f"enum {type(value).__module__}.{type(value).__qualname__} has no spelling")
+
+
+def mesh_source(mesh) -> str:
+    """A concrete mesh as ``_mesh(...)`` (device ids kept); an abstract one directly."""
+    types = "(" + "".join(param_source(t) + ", " for t in mesh.axis_types) + ")" \
+        if mesh.axis_types else "()"
+    if type(mesh).__name__ == "AbstractMesh":
+        return (f"jax.sharding.AbstractMesh({tuple(mesh.axis_sizes)!r}, {tuple(mesh.axis_names)!r}, "
+                f"axis_types={types})")
+    if not mesh.axis_names:
+        return "jax.sharding.Mesh(np.empty((0,), dtype=object), ())"
+    ids = [int(d.id) for d in mesh.devices.flat]
+    return (f"_mesh({tuple(mesh.devices.shape)!r}, {tuple(mesh.axis_names)!r}, {ids!r}, "
+            f"{types})")
