@@ -26,17 +26,20 @@ def region_to_jaxpr(region: Region, memo: dict | None = None) -> tuple[Jaxpr, li
     constvars = [binder(v) for v in region.constvars]
     invars = [binder(v) for v in region.invars]
     eqns = []
+    append = eqns.append
     for eqn in region.topo_order():
-        ins = [a if type(a) is Literal else env[a] for a in eqn.inputs]
-        outs = [binder(v) for v in eqn.outputs]
+        ins = [env[a] if type(a) is Value else a for a in eqn.inputs]
+        outs = []
+        for v in eqn.outputs:
+            var = env[v] = Var(v.aval)
+            outs.append(var)
         params, prim = eqn.params, eqn.prim
         if prim.name in FIRST_ORDER_KEYS and is_first_order_custom(prim.name, params):
             prim, params = _export_custom(eqn, memo)
         elif eqn.has_regions():
             params = {k: _emit_param(p, memo) for k, p in params.items()}
-        eqns.append(new_jaxpr_eqn(ins, outs, prim, params, eqn.effects,
-                                  eqn.source_info, eqn.ctx))
-    outvars = [a if type(a) is Literal else env[a] for a in region.outvars]
+        append(new_jaxpr_eqn(ins, outs, prim, params, eqn.effects, eqn.source_info, eqn.ctx))
+    outvars = [env[a] if type(a) is Value else a for a in region.outvars]
     dbg = fit_debug_info(region.debug_info, len(invars), len(outvars))
     jaxpr = Jaxpr(constvars, invars, outvars, eqns, region.effects, dbg)
     return jaxpr, (list(region.consts) if region.consts is not None else None)

@@ -5,6 +5,11 @@ from typing import Any, Iterator
 
 from .value import Atom, Value
 
+# The Region class, set by region.py when it is imported (region.py imports this
+# module, so a module-level import here would be circular; a function-level import
+# would run on every call of the hot ``regions()`` below).
+Region: type = type(None)
+
 
 class Equation:
     """``outputs = prim[params](*inputs)``.
@@ -38,16 +43,22 @@ class Equation:
 
     def regions(self) -> Iterator[tuple[str, int | None, Any]]:
         """Nested regions as ``(param_name, index_or_None, region)``, in param order."""
-        from .region import Region
+        region_t = Region
         for key, value in self.params.items():
-            if isinstance(value, Region):
+            t = type(value)
+            if t is region_t:
                 yield key, None, value
-            elif isinstance(value, tuple) and value and isinstance(value[0], Region):
+            elif t is tuple and value and type(value[0]) is region_t:
                 for i, r in enumerate(value):
                     yield key, i, r
 
     def has_regions(self) -> bool:
-        return next(self.regions(), None) is not None
+        region_t = Region
+        for value in self.params.values():
+            t = type(value)
+            if t is region_t or (t is tuple and value and type(value[0]) is region_t):
+                return True
+        return False
 
     def __repr__(self) -> str:
         return f"<Equation {self.prim.name} {len(self.inputs)}->{len(self.outputs)}>"

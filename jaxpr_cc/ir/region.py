@@ -237,11 +237,12 @@ class Region:
     # ----------------------------------------------------------- ordering
     def order_is_valid(self) -> bool:
         seen = {self.entry}
+        add = seen.add
         for eqn in self._order:
             for atom in eqn.inputs:
-                if not is_literal(atom) and atom.producer not in seen:
+                if type(atom) is Value and atom.producer not in seen:
                     return False
-            seen.add(eqn)
+            add(eqn)
         return True
 
     def topo_order(self) -> list[Equation]:
@@ -277,3 +278,8 @@ class Region:
 
     def __repr__(self) -> str:
         return f"<Region {len(self.invars)} in, {len(self._order)} eqns, {len(self.outvars)} out>"
+
+
+from . import equation as _equation  # noqa: E402
+
+_equation.Region = Region
