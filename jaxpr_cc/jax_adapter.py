@@ -40,7 +40,7 @@ new_source_info = _source_info_util.new_source_info
 
 
 def get_aval(x: Any) -> AbstractValue:
-    return _core.get_aval(x)
+    return jax.typeof(x)
 
 
 def make_debug_info(name: str, n_in: int, n_out: int,
@@ -85,9 +85,10 @@ def primitives_registry(extra_modules: Sequence[str] = ()) -> dict[str, list[Pri
     """Every Primitive object JAX defines at module level, by name.
 
     Imports a fixed list of JAX's own modules (never a name read from a file), then
-    walks every loaded ``jax*`` module for ``Primitive`` objects.  A name maps to a
-    list so that callers can detect names two distinct primitives share.
-    ``extra_modules`` are further modules of JAX (or of jaxpr-cc) to import first.
+    walks every loaded ``jax`` and ``jaxpr_cc`` module for ``Primitive`` objects.  A
+    name maps to a list so that callers can detect names two distinct primitives
+    share.  ``extra_modules`` are further modules of JAX (or of jaxpr-cc) to import
+    first.
     """
     import importlib
     import sys
@@ -369,26 +370,6 @@ def to_cotangent_aval(aval):
 UnexpectedTracerError = jax.errors.UnexpectedTracerError
 
 
-def instantiate_zero(x, aval):
-    """JAX's internal symbolic ``ad.Zero`` (what staged bwd rules return for zero
-    cotangents) -> a dense zero array; anything else unchanged."""
-    from jax._src.interpreters import ad as _ad
-    import jax.numpy as jnp
-    import numpy as np
-    if isinstance(x, _ad.Zero):
-        if jnp.issubdtype(aval.dtype, jax.dtypes.float0):
-            return np.zeros(aval.shape, jax.dtypes.float0)
-        return jnp.zeros(aval.shape, aval.dtype)
-    return x
-
-
-def to_cotangent_aval(aval):
-    return aval.to_ct_aval()
-
-
-UnexpectedTracerError = jax.errors.UnexpectedTracerError
-
-
 def maybe_perturbed(x) -> bool:
     """JAX's heuristic for "this closed-over value may carry a tangent" (the values
     ``jax.closure_convert`` hoists)."""
@@ -429,8 +410,9 @@ ArrayImpl = _array.ArrayImpl
 
 #: ``trace_state_clean()``: True when no JAX transformation is tracing, so
 #: ``jaxpr_cc.jit`` may run its compiled executable rather than bind the program
-#: into the trace.  A plain alias: it is called on every cached call.
-trace_state_clean = _core.trace_state_clean
+#: into the trace.  It is called on every cached call, so this is the bound method
+#: that ``jax._src.core.trace_state_clean`` itself calls (one Python frame less).
+trace_state_clean = _core.trace_ctx.is_top_level
 
 
 def compiled_fast_call(compiled):
@@ -446,6 +428,65 @@ def compiled_fast_call(compiled):
             return compiled
         compiled._call = call
     return call
+
+
+def make_jit_dispatcher(name: str, cache_miss, static_argnums, static_argnames,
+                        capacity: int = 4096):
+    """JAX's C++ jit dispatcher (the callable ``jax.jit`` returns), driven by our own
+    ``cache_miss``; returns ``(dispatcher, cache)``.
+
+    The dispatcher flattens a call, computes its signature (pytree, avals with weak
+    types, committed shardings, static argument values, trace context) and, on a hit,
+    runs the cached XLA executable without entering Python.  On a miss it calls
+    ``cache_miss(*args, **kwargs) -> (outputs, fastpath or None, False)``; the
+    fastpath (see :func:`executable_fastpath`) is what it caches.  ``jaxpr_cc.jit``
+    uses it so that a cached call costs what a ``jax.jit`` call costs.
+    """
+    from jax._src import tree_util as _tree_util
+    from jax._src.interpreters import pxla as _pxla
+    from jax._src.lib import _jax
+    cache = _jax.PjitFunctionCache(capacity=capacity)
+    dispatcher = _jax.pjit(name, None, cache_miss, list(static_argnums), list(static_argnames),
+                           _pxla.JitGlobalCppCacheKeys(), _tree_util.dispatch_registry,
+                           _pxla.cc_shard_arg, cache)
+    return dispatcher, cache
+
+
+def executable_fastpath(compiled, const_args, n_args: int, outputs):
+    """What the C++ dispatcher caches to run ``compiled`` for one signature: its XLA
+    executable, with ``const_args`` (our bound parameters, already on device as it
+    reads them) before the ``n_args`` argument leaves; ``outputs`` is what this call
+    returned.  None when the executable
+    cannot take the fast path (effects, host callbacks, outputs that are not plain
+    arrays), exactly as ``jax.jit`` decides (``pjit._get_fastpath_data``).
+    """
+    from jax._src import dtypes as _dtypes
+    from jax._src import tree_util as _tree_util
+    from jax._src.interpreters import pxla as _pxla
+    executable = compiled._executable
+    if not (isinstance(executable, _pxla.MeshExecutable)
+            and isinstance(executable.unsafe_call, _pxla.ExecuteReplicated)):
+        return None
+    call = executable.unsafe_call
+    if call.ordered_effects or call.has_unordered_effects or call.has_host_callbacks:
+        return None
+    out_flat, dispatch_tree = _tree_util.dispatch_registry.flatten(outputs, None)
+    if not all(isinstance(x, ArrayImpl) for x in out_flat):
+        return None
+    # JAX passes large constants of the jaxpr as leading arguments too ("const
+    # args"); they come before ours.
+    jax_consts = compiled._params.const_args
+    const_args = [*(executable.shard_const_args(jax_consts) if jax_consts else ()), *const_args]
+    kept = [i in executable._kept_var_idx for i in range(len(const_args) + n_args)]
+    in_shardings = [
+        _xla_sharding_impls.physical_sharding(a, s)
+        if a is not _core.abstract_token and _dtypes.issubdtype(a.dtype, _dtypes.extended)
+        else s
+        for s, a in zip(executable._in_shardings, executable.in_avals)]
+    return _pxla.MeshExecutableFastpathData(
+        executable.xla_executable, dispatch_tree, in_shardings, executable._out_shardings,
+        [o.aval for o in out_flat], [o._committed for o in out_flat], kept,
+        executable._dispatch_in_layouts, const_args)
 
 
 def named_sharding_from_hlo(sharding, mesh):
@@ -492,3 +533,141 @@ def find_tagged_function(staged, attr: str, depth: int = 32):
                     continue
         frontier = nxt
     return None
+
+
+# --- linear_call: batching, and AD rules that accept perturbed residuals ------
+# (used by passes/vjp_to_jvp.py, whose custom_jvp rules produce their tangents
+# with ``linear_call(callee=transpose of bwd, transpose=bwd)``)
+#
+# JAX 0.10.2 registers no batching rule for ``linear_call`` (``jax.jacfwd`` =
+# vmap of jvp fails), its jvp rule asserts that the residual operands carry no
+# tangent (second derivatives perturb them), and its transpose rule asserts that
+# every linear operand is being transposed (a custom_jvp rule instantiates the
+# zero tangent of an argument that is not differentiated as a known constant).
+# The rules below are generalizations: where JAX's own rules apply they delegate
+# to them unchanged.
+from jax._src.interpreters import ad as _lc_ad  # noqa: E402
+from jax._src.interpreters import batching as _lc_batching  # noqa: E402
+
+_JAX_LINEAR_CALL_JVP = _lc_ad.primitive_jvps.get(linear_call_p)
+_JAX_LINEAR_CALL_TRANSPOSE = _lc_ad.primitive_transposes.get(linear_call_p)
+
+
+class _BatchedTransposeThunk:
+    """The transpose of a batched ``linear_call``: the original transpose jaxpr,
+    batched like the callee (residuals as given, cotangents at axis 0), built on
+    first use and kept.  A batched map is block diagonal, so this is exactly the
+    transpose of the batched callee."""
+
+    def __init__(self, thunk, axis_data, res_batched, n_out):
+        self._thunk = thunk
+        self._axis_data = axis_data
+        self._res_batched = tuple(res_batched)
+        self._n_out = n_out
+        self._built = None
+
+    def __call__(self):
+        if self._built is None:
+            transpose, t_consts = self._thunk()
+            in_batched = [False] * len(t_consts) + list(self._res_batched) + [True] * self._n_out
+            batched, _ = _lc_batching.batch_jaxpr(transpose, self._axis_data, in_batched, True)
+            self._built = (batched, t_consts)
+        return self._built
+
+
+def _linear_call_batcher(axis_data, args, dims, *, callee, transpose_thunk, num_callee_consts,
+                         num_res):
+    n_lead = num_callee_consts + num_res
+    params = dict(num_callee_consts=num_callee_consts, num_res=num_res)
+    if all(d is None for d in dims):
+        outs = linear_call_p.bind(*args, callee=callee, transpose_thunk=transpose_thunk, **params)
+        return outs, [None] * len(outs)
+    moved = []
+    for i, (x, d) in enumerate(zip(args, dims)):
+        if d is not None:
+            x = _lc_batching.moveaxis(x, d, 0)
+        elif i >= n_lead:
+            # Unbatched linear operands are broadcast so that every linear input of
+            # the batched callee is batched: its transpose then returns cotangents
+            # at axis 0 for all of them (the broadcast's own transpose sums them).
+            x = _lc_batching.broadcast(x, axis_data.size, 0, axis_data.explicit_mesh_axis)
+        moved.append(x)
+    lead_batched = [d is not None for d in dims[:n_lead]]
+    in_batched = lead_batched + [True] * (len(args) - n_lead)
+    batched_callee, _ = _lc_batching.batch_jaxpr(callee, axis_data, in_batched, True)
+    thunk = _BatchedTransposeThunk(transpose_thunk, axis_data, lead_batched[num_callee_consts:],
+                                   len(callee.out_avals))
+    outs = linear_call_p.bind(*moved, callee=batched_callee, transpose_thunk=thunk, **params)
+    return outs, [0] * len(outs)
+
+
+def _linear_call_jvp(primals, tangents, *, callee, transpose_thunk, num_callee_consts, num_res):
+    params = dict(callee=callee, transpose_thunk=transpose_thunk,
+                  num_callee_consts=num_callee_consts, num_res=num_res)
+    n_lead = num_callee_consts + num_res
+    hot = [i for i, t in enumerate(tangents[:n_lead]) if type(t) is not _lc_ad.Zero]
+    if not hot:
+        return _JAX_LINEAR_CALL_JVP(primals, tangents, **params)
+    # d/ds callee(res(s), lin(s)) = callee(res, dlin) + (d callee / d res)(res, lin) . dres:
+    # the second term differentiates the callee's jaxpr like any other code.
+    outs = linear_call_p.bind(*primals, **params)
+    lead, lin = list(primals[:n_lead]), list(primals[n_lead:])
+
+    def through_residuals(*hot_values):
+        full = list(lead)
+        for i, v in zip(hot, hot_values):
+            full[i] = v
+        return _core.eval_jaxpr(callee.jaxpr, callee.consts, *full, *lin)
+
+    _, t_out = jax.jvp(through_residuals, tuple(lead[i] for i in hot),
+                       tuple(tangents[i] for i in hot))
+    t_out = list(t_out)
+    lin_t = tangents[n_lead:]
+    if any(type(t) is not _lc_ad.Zero for t in lin_t):
+        lin_t = [_lc_ad.instantiate_zeros(t) for t in lin_t]
+        t_lin = linear_call_p.bind(*lead, *lin_t, **params)
+        t_out = [a + b for a, b in zip(t_out, t_lin)]
+    return outs, t_out
+
+
+def _linear_call_transpose(cts, *args, callee, transpose_thunk, num_callee_consts, num_res):
+    params = dict(callee=callee, transpose_thunk=transpose_thunk,
+                  num_callee_consts=num_callee_consts, num_res=num_res)
+    n_lead = num_callee_consts + num_res
+    lin = args[n_lead:]
+    known = [not _lc_ad.is_undefined_primal(x) for x in lin]
+    if not any(known):
+        return _JAX_LINEAR_CALL_TRANSPOSE(cts, *args, **params)
+    # A known linear operand only adds a constant to the result: it gets no
+    # cotangent, the others get the custom transpose's.
+    lin = [_lc_ad.UndefinedPrimal(_core.typeof(x)) if k else x for x, k in zip(lin, known)]
+    out = _JAX_LINEAR_CALL_TRANSPOSE(cts, *args[:n_lead], *lin, **params)
+    return list(out[:n_lead]) + [None if k else c for c, k in zip(out[n_lead:], known)]
+
+
+def register_linear_call_batching() -> None:
+    """Register the ``linear_call`` rules above with JAX (idempotent): a batching
+    rule, a jvp rule that accepts perturbed residuals, and a transpose rule that
+    accepts known linear operands."""
+    _lc_batching.fancy_primitive_batchers[linear_call_p] = _linear_call_batcher
+    _lc_ad.primitive_jvps[linear_call_p] = _linear_call_jvp
+    _lc_ad.primitive_transposes[linear_call_p] = _linear_call_transpose
+
+
+def has_transpose_rule(prim) -> bool:
+    """True when JAX can transpose ``prim`` with respect to some operand."""
+    return prim in _lc_ad.primitive_transposes or prim in _lc_ad.fancy_transposes
+
+
+def is_bilinear(prim) -> bool:
+    """True for primitives JAX registers as bilinear (``mul``, ``dot_general``,
+    convolutions): linear in each operand separately, not in both at once."""
+    rule = _lc_ad.primitive_transposes.get(prim)
+    return getattr(rule, "func", None) is _lc_ad.bilinear_transpose
+
+
+def source_summary(source_info) -> str:
+    """``file.py:line (function)`` of the user code an equation was traced from."""
+    if source_info is None:
+        return ""
+    return _source_info_util.summarize(source_info)

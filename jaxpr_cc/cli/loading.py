@@ -1,11 +1,19 @@
-"""Turning CLI arguments into Programs: ``file.py:fun`` / ``pkg.mod:fun`` plus an
-argument spec such as ``'f32[3], i32[2,2], f32[]'``."""
+"""Turning CLI arguments into Programs and arrays.
+
+A PROGRAM argument is a saved program file, ``-`` (a saved program on stdin), or
+``path/to/file.py:fun`` / ``package.module:fun`` traced on example arguments given
+by ``--args 'f32[3], i32[2,2], f32[]'`` (shapes and dtypes), ``--args-from
+FILE.npz`` (concrete arrays ``arg0``, ``arg1``, ...) or, when neither is given, by
+the module itself: ``example_args()`` (and optionally ``example_kwargs()``)
+returning the arguments, or an ``EXAMPLE_ARGS`` tuple.
+"""
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
 import re
+import sys
 
 from .errors import CliError
 
@@ -16,6 +24,7 @@ _DTYPES = {
     "bool": "bool",
 }
 _SPEC = re.compile(r"^\s*([a-z0-9]+)\[([0-9,\s]*)\]\s*$")
+_ARG_KEY = re.compile(r"arg(0|[1-9][0-9]*)")
 
 
 def parse_args_spec(spec: str) -> tuple:
@@ -50,6 +59,39 @@ def _split_top(spec: str) -> list[str]:
     return parts
 
 
+def read_npz(path: str, what: str) -> dict:
+    """The arrays of an ``.npz`` file (numeric data only: pickles are refused)."""
+    import zipfile
+
+    import numpy as np
+    if not os.path.isfile(path):
+        raise CliError(f"{path}: no such file ({what})")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise CliError(f"{path}: is a single .npy array, expected an .npz archive ({what})")
+            return {name: data[name] for name in data.files}
+    except CliError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise CliError(f"{path}: cannot read as an .npz archive of arrays ({what}): "
+                       f"{' '.join(str(e).split())[:200]}") from None
+
+
+def positional_args_from_npz(path: str) -> tuple:
+    """Arrays named ``arg0``, ``arg1``, ... of ``--args-from``, in order."""
+    arrays = read_npz(path, "--args-from")
+    bad = sorted(k for k in arrays if not _ARG_KEY.fullmatch(k))
+    if bad:
+        raise CliError(f"{path}: unexpected array name(s) {bad[:5]}; --args-from expects "
+                       f"positional arguments named arg0, arg1, ...")
+    n = len(arrays)
+    missing = [f"arg{i}" for i in range(n) if f"arg{i}" not in arrays]
+    if missing:
+        raise CliError(f"{path}: missing {missing[0]} (arguments must be arg0..arg{n - 1})")
+    return tuple(arrays[f"arg{i}"] for i in range(n))
+
+
 def import_function(target: str):
     """``path/to/file.py:fun`` or ``package.module:fun`` -> (function, module)."""
     if ":" not in target:
@@ -76,30 +118,86 @@ def import_function(target: str):
     return fun, module
 
 
-def load_program_arg(target: str, args_spec: str | None):
-    """A PROGRAM command-line argument -> Program."""
-    import jaxpr_cc
-    if ":" in target and not os.path.exists(target):
-        fun, module = import_function(target)
-        if args_spec is not None:
-            example = parse_args_spec(args_spec)
-        elif hasattr(module, "example_args"):
-            example = tuple(module.example_args())
-        else:
-            raise CliError(f"{target}: give example arguments with --args "
-                           f"(or define example_args() in the module)")
+def example_arguments(target: str, module, args_spec: str | None, args_from: str | None):
+    """(args, kwargs) to trace ``target`` with, from the options or the module."""
+    if args_spec is not None and args_from is not None:
+        raise CliError("give example arguments with either --args or --args-from, not both")
+    if args_spec is not None:
+        return parse_args_spec(args_spec), {}
+    if args_from is not None:
+        return positional_args_from_npz(args_from), {}
+    make_args = getattr(module, "example_args", None)
+    if callable(make_args):
         try:
-            return jaxpr_cc.trace(fun, *example)
+            args = make_args()
+            make_kwargs = getattr(module, "example_kwargs", None)
+            kwargs = make_kwargs() if callable(make_kwargs) else {}
         except Exception as e:
-            raise CliError(f"{target}: tracing failed: {type(e).__name__}: {e}") from e
-    if os.path.isdir(target):
-        raise CliError(f"{target}: is a directory, expected a saved program")
-    if not os.path.exists(target):
-        raise CliError(f"{target}: no such file")
-    load = getattr(jaxpr_cc, "load", None)
-    if load is None:
-        raise CliError(f"{target}: reading saved programs is not available in this build")
+            raise CliError(f"{target}: example_args() failed: {type(e).__name__}: {e}") from e
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise CliError(f"{target}: example_args() must return a tuple "
+                           f"(and example_kwargs() a dict)")
+        return args, kwargs
+    args = getattr(module, "EXAMPLE_ARGS", None)
+    if isinstance(args, tuple):
+        return args, {}
+    raise CliError(f"{target}: give example arguments with --args or --args-from "
+                   f"(or define example_args() in the module)")
+
+
+def trace_target(target: str, args_spec: str | None, args_from: str | None = None):
+    """Trace ``MODULE_OR_FILE:FUNCTION`` into a Program."""
+    import jaxpr_cc
+    from .progress import progress
+    fun, module = import_function(target)
+    args, kwargs = example_arguments(target, module, args_spec, args_from)
     try:
-        return load(target)
-    except ValueError as e:
+        with progress(f"tracing {target}"):
+            return jaxpr_cc.trace(fun, *args, **kwargs)
+    except Exception as e:
+        raise CliError(f"{target}: tracing failed: {type(e).__name__}: "
+                       f"{' '.join(str(e).split())[:300]}") from e
+
+
+def load_saved(target: str):
+    """A saved program from a file (or ``-`` for stdin)."""
+    import jaxpr_cc
+    from jaxpr_cc.io import LoadError, loads
+    from .progress import progress
+    try:
+        with progress(f"loading {target}"):
+            if target == "-":
+                return loads(sys.stdin.buffer.read(), name="<stdin>")
+            return jaxpr_cc.load(target)
+    except LoadError as e:
+        if target != "-" and is_executable(target):
+            raise CliError(f"{target}: is a compiled executable (from `jaxpr-cc compile`), not a "
+                           f"saved program; run it with `jaxpr-cc exec`") from e
         raise CliError(str(e)) from e
+
+
+def is_executable(path: str) -> bool:
+    """A bounded sniff for the XLA backend's executable files (a zip whose small
+    manifest names that format); never decompresses more than 1 MiB."""
+    import json
+    import zipfile
+    try:
+        with zipfile.ZipFile(path) as zf:
+            info = zf.getinfo("manifest.json")
+            if info.file_size > (1 << 20):
+                return False
+            with zf.open(info) as f:
+                manifest = json.loads(f.read(1 << 20))
+    except Exception:  # any unreadable file is simply not an executable
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == "jaxpr-cc-executable"
+
+
+def load_program_arg(target: str, args_spec: str | None, args_from: str | None = None):
+    """A PROGRAM command-line argument -> Program."""
+    if target != "-" and ":" in target and not os.path.exists(target):
+        return trace_target(target, args_spec, args_from)
+    if args_spec is not None or args_from is not None:
+        raise CliError(f"{target}: --args/--args-from apply to MODULE_OR_FILE:FUNCTION, not to "
+                       f"a saved program")
+    return load_saved(target)

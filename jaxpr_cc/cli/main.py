@@ -13,7 +13,7 @@ import traceback
 
 from .errors import CliError
 
-SUBCOMMANDS = ("demo", "show")
+SUBCOMMANDS = ("demo", "trace", "show", "opt", "emit", "exec", "compile", "golden")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +44,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("jaxpr-cc: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # not anticipated by the subcommand: still one line
+        if args.debug:
+            traceback.print_exc()
+        msg = " ".join(str(e).split()) or type(e).__name__
+        print(f"jaxpr-cc {args.command}: error: {type(e).__name__}: {msg[:500]} "
+              f"(run with --debug for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

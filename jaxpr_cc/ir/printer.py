@@ -126,6 +126,10 @@ def format_param(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{format_param(k)}: {format_param(v)}"
                                for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))) + "}"
+    if isinstance(value, (set, frozenset)):
+        # Set iteration order follows string hashes, which vary with PYTHONHASHSEED.
+        inner = ", ".join(sorted(format_param(v) for v in value))
+        return f"{type(value).__name__}({{{inner}}})" if inner else f"{type(value).__name__}()"
     if isinstance(value, jax.Array):
         return format_array(value)
     if isinstance(value, type) and issubclass(value, np.generic):

@@ -77,6 +77,34 @@ class Program:
         out_tree = fields.pop("out_tree")
         return Program(body, in_tree, out_tree, **fields)
 
+    def with_params(self, *values) -> "Program":
+        """A program bound to new values of its hoisted parameters (``params``).
+
+        The body is shared, not copied: only the bound values differ, so a
+        compiled form of the program can be reused with them as arguments.  Each
+        value must have the shape and dtype of the parameter it replaces.
+        """
+        if len(values) != len(self.params):
+            raise ValueError(
+                f"{self.name}: with_params got {len(values)} values for {len(self.params)} hoisted "
+                f"parameters; pass one array per entry of program.params, in order")
+        for i, (value, var) in enumerate(zip(values, self.body.invars)):
+            aval = var.aval
+            shape = tuple(getattr(value, "shape", ()))
+            dtype = getattr(value, "dtype", None)
+            if dtype is None:
+                import numpy as np
+                dtype = np.asarray(value).dtype
+                shape = np.shape(value)
+            if shape != tuple(aval.shape) or dtype != aval.dtype:
+                got = f"{dtype}[{','.join(map(str, shape))}]"
+                hint = f" ({var.name})" if var.name else ""
+                raise ValueError(
+                    f"{self.name}: hoisted parameter {i}{hint} is {aval.str_short()}, got {got}; "
+                    f"pass an array of that shape and dtype (e.g. np.asarray(value, "
+                    f"dtype='{aval.dtype}'))")
+        return self.replace(params=tuple(values))
+
     # ------------------------------------------------------------ calling
     @property
     def arg_values(self) -> list[Value]:
@@ -115,6 +143,12 @@ class Program:
         """Raise ``VerificationError`` if the program is malformed."""
         from .verifier import verify_program
         verify_program(self)
+
+    def save(self, path) -> None:
+        """Write this program to ``path`` in the saved-program format (docs/format.md);
+        ``jaxpr_cc.load(path)`` reads it back."""
+        from ..io import save
+        save(self, path)
 
     def is_first_order(self) -> bool:
         """True when no parameter anywhere holds a Python callable and no nested region

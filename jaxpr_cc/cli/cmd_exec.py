@@ -1,0 +1,139 @@
+"""``jaxpr-cc exec``: run a saved program or a compiled executable on arrays.
+
+    jaxpr-cc exec loss.jcc --inputs in.npz -o out.npz
+    jaxpr-cc exec loss.xla --inputs in.npz -o -        # an executable from `jaxpr-cc compile`
+
+Inputs: the ``.npz`` holds one array per flattened argument leaf, named either
+``arg0``, ``arg1``, ... in the order of the flattened ``(args, kwargs)`` pytree, or
+by the argument names ``jaxpr-cc show`` prints (``x``, ``params.w``; saved programs
+only).  Dtypes and shapes must match the program exactly; key arrays are given as
+their ``uint32`` key data; bfloat16/float8 values as arrays of that dtype (numpy
+stores them as raw 2- or 1-byte void items), as the unsigned integers of their bits,
+or as floats that convert exactly.
+
+Outputs: ``out0``, ``out1``, ... for the flattened result leaves, in order (key
+arrays as their key data).
+"""
+from __future__ import annotations
+
+import io
+
+from .errors import CliError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("exec", help="run a saved program or compiled executable on arrays",
+                       description="Run PROGRAM_OR_EXECUTABLE on the arrays of --inputs (arg0, "
+                                   "arg1, ... per flattened argument leaf, or the argument "
+                                   "names `show` prints) and write the result leaves as out0, "
+                                   "out1, ... to an .npz file.")
+    p.add_argument("program", metavar="PROGRAM_OR_EXECUTABLE")
+    p.add_argument("--inputs", required=True, metavar="IN.npz", help="input arrays")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.npz",
+                   help="where to write the outputs ('-' for stdout)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import numpy as np
+    from jax import tree_util
+
+    from ..io import is_saved_program
+    from .loading import is_executable, load_saved, read_npz
+    from .output import check_writable, write_output
+
+    check_writable(args.output)
+    arrays = read_npz(args.inputs, "--inputs")
+    if args.program == "-" or is_saved_program(args.program) or not is_executable(args.program):
+        # (a file that is neither gets the saved-program reader's precise complaint)
+        program = load_saved(args.program)
+        avals = [v.aval for v in program.arg_values]
+        names = [v.name for v in program.arg_values]
+        leaves = match_inputs(arrays, avals, names, args.inputs)
+        call, in_tree = program, program.in_tree
+    else:
+        exe = _load_executable(args.program)
+        avals = list(exe.arg_avals)
+        leaves = match_inputs(arrays, avals, [None] * len(avals), args.inputs)
+        call, in_tree = exe, exe.in_tree
+    call_args, call_kwargs = tree_util.tree_unflatten(in_tree, leaves)
+    try:
+        result = call(*call_args, **call_kwargs)
+    except Exception as e:  # running can fail on this machine (devices, memory)
+        raise CliError(f"{args.program}: running failed: {type(e).__name__}: "
+                       f"{' '.join(str(e).split())[:300]}") from None
+    outputs = {f"out{i}": _host(leaf) for i, leaf in enumerate(tree_util.tree_leaves(result))}
+    buf = io.BytesIO()
+    np.savez(buf, **outputs)
+    write_output(args.output, buf.getvalue())
+    return 0
+
+
+def _load_executable(path: str):
+    """A compiled executable (``is_executable(path)`` holds: a bounded sniff, so no
+    archive is decompressed before it is known to be one)."""
+    try:
+        from ..backends.xla import load_executable
+    except ImportError as e:
+        raise CliError(f"{path}: loading compiled executables is not available in this build "
+                       f"({e})") from None
+    try:
+        return load_executable(path)
+    except ValueError as e:  # the XLA backend's LoadError is a ValueError
+        raise CliError(" ".join(str(e).split())) from None
+
+
+def _host(leaf):
+    import jax
+    import numpy as np
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    return np.asarray(leaf)
+
+
+def match_inputs(arrays: dict, avals: list, names: list, where: str) -> list:
+    """The argument leaves, in order, from the arrays of an .npz file."""
+    n = len(avals)
+    by_position = [f"arg{i}" for i in range(n)]
+    keys = set(arrays)
+    if keys == set(by_position):
+        order = by_position
+    elif all(names) and len(set(names)) == n and keys == set(names):
+        order = list(names)
+    else:
+        expected = ", ".join(by_position[:6]) + (", ..." if n > 6 else "")
+        named = (" or " + ", ".join(names[:6]) + (", ..." if n > 6 else "")) if all(names) else ""
+        extra = sorted(keys - set(by_position) - {name for name in names if name})
+        missing = [k for k in by_position if k not in keys]
+        detail = (f"unexpected {extra[:4]}" if extra else f"missing {missing[:4]}")
+        raise CliError(f"{where}: expected {n} arrays named {expected}{named}; {detail}")
+    return [_convert(arrays[key], aval, key, where) for key, aval in zip(order, avals)]
+
+
+def _convert(value, aval, key: str, where: str):
+    import jax
+    import numpy as np
+    from ..io import dtypes as io_dtypes
+    shape = tuple(aval.shape)
+    dtype = aval.dtype
+    impl = io_dtypes.dtype_name(dtype)
+    if impl is not None and impl.startswith("key<"):
+        data_dtype, data_shape = io_dtypes.storage_layout(dtype, shape)
+        if value.dtype != data_dtype or value.shape != data_shape:
+            raise CliError(f"{where}: {key} must be the key data of {impl}{list(shape)}: "
+                           f"{data_dtype}{list(data_shape)}, got {value.dtype}{list(value.shape)}")
+        return jax.random.wrap_key_data(value, impl=impl[4:-1])
+    if value.shape != shape:
+        raise CliError(f"{where}: {key} has shape {list(value.shape)}; the program expects "
+                       f"{aval.str_short()}")
+    if value.dtype == dtype:
+        return value
+    if value.dtype.itemsize == np.dtype(dtype).itemsize and value.dtype.kind in "Vu" \
+            and np.dtype(dtype).name not in ("bool",) and np.dtype(dtype).kind == "V":
+        return value.view(dtype)  # raw bits of bfloat16 / float8 (how numpy stores them)
+    if np.dtype(dtype).kind == "V" and value.dtype.kind == "f":
+        converted = value.astype(dtype)
+        if np.array_equal(converted.astype(value.dtype), value, equal_nan=True):
+            return converted
+    raise CliError(f"{where}: {key} is {value.dtype}{list(value.shape)}; the program expects "
+                   f"{aval.str_short()} (no conversions are made)")

@@ -1,0 +1,203 @@
+"""``save`` / ``load``: Programs to and from files (see docs/format.md)."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import re
+
+from .errors import FormatError, LoadError, SaveError
+from . import format as container
+from .atomic import write_file_atomic
+
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def _versions() -> dict:
+    import jax
+    import jaxlib
+
+    from .. import __version__
+    return {"jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
+            "jaxpr_cc_version": __version__}
+
+
+def _release(version: str) -> tuple | None:
+    m = _RELEASE.match(version) if isinstance(version, str) else None
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def _check_versions(manifest: dict) -> None:
+    import jax
+    written = manifest.get("jax_version")
+    if not isinstance(written, str) or _release(written) is None:
+        raise FormatError(f"manifest.json: jax_version {str(written)[:40]!r} is not a version")
+    if _release(written) != _release(jax.__version__):
+        raise FormatError(f"written with JAX {written}, but this process has JAX "
+                          f"{jax.__version__}; a saved program is read only by the JAX release "
+                          f"that wrote it: re-trace the program with JAX {jax.__version__}")
+    for key in ("jaxlib_version", "jaxpr_cc_version"):
+        if not isinstance(manifest.get(key), str):
+            raise FormatError(f"manifest.json: {key} must be a string")
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Reading or writing a program allocates a few objects per equation and frees
+    none of them; the cyclic garbage collector would rescan the whole heap many
+    times over for nothing (doubling the load time of a large program)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def dumps(program) -> bytes:
+    """The saved-program file of ``program``, as bytes (deterministic).
+
+    The file is read back (without the type checks) before it is returned, so a
+    program the format cannot represent fails here, at save time, never later when
+    the file is loaded."""
+    from .encode import encode_program
+    if not hasattr(program, "body") or not hasattr(program, "in_tree"):
+        raise SaveError(f"expected a jaxpr_cc.Program, got {type(program).__name__}")
+    with _gc_paused():
+        program_json, arrays = encode_program(program)
+        data = container.pack_archive(container.build_entries(program_json, arrays, _versions()))
+        try:
+            _decode(data, check_types=False, materialize=False)
+        except (FormatError, LoadError) as e:
+            raise SaveError(f"cannot save {program.name}: it would not read back: {e}") from None
+        except Exception as e:  # reading back a just-written program must not fail at all
+            raise SaveError(f"cannot save {program.name}: it would not read back "
+                            f"({type(e).__name__}: {e})") from None
+    return data
+
+
+def save(program, path) -> None:
+    """Write ``program`` to ``path`` atomically.
+
+    Raises ``SaveError`` (before anything is written) when the program holds
+    something the format cannot represent, e.g. a Python callable in a parameter of
+    a program that is not first-order."""
+    data = dumps(program)
+    path = os.fspath(path)
+    try:
+        write_file_atomic(path, lambda f: f.write(data))
+    except OSError as e:
+        raise SaveError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def loads(data, *, name: str = "<bytes>", check_types: bool = True):
+    """Read a program from the bytes of a saved-program file."""
+    try:
+        with _gc_paused():
+            return _decode(data, check_types)
+    except LoadError:
+        raise
+    except FormatError as e:
+        raise LoadError(name, str(e)) from None
+    except RecursionError:
+        raise LoadError(name, "structure nested too deeply") from None
+    except MemoryError:
+        raise LoadError(name, "not enough memory to read the program") from None
+    except Exception as e:  # the promise: only LoadError ever leaves load()
+        raise LoadError(name, f"malformed program ({type(e).__name__}: {e})") from None
+
+
+def load(path, *, check_types: bool = True):
+    """Read the program saved at ``path``.
+
+    Returns exactly the program that was saved, or raises ``LoadError`` (a
+    ``ValueError``) whose message names the file and the problem.  Nothing in the
+    file is executed.  ``check_types=False`` skips JAX's type checks of the
+    equations (the structural checks and checksums are always applied)."""
+    path = os.fspath(path)
+    try:
+        if os.path.isdir(path):
+            raise LoadError(path, "is a directory, not a saved program")
+        with open(path, "rb") as f:
+            data = f.read()
+    except LoadError:
+        raise
+    except FileNotFoundError:
+        raise LoadError(path, "no such file") from None
+    except OSError as e:
+        raise LoadError(path, f"cannot read: {e.strerror or e}") from None
+    return loads(data, name=path, check_types=check_types)
+
+
+def _reject_constant(name: str):
+    raise FormatError(f"{name} is not a JSON number (non-finite floats are written as bits)")
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise FormatError(f"field {key[:40]!r} appears twice in one object")
+    return out
+
+
+def strict_json(text: str, what: str):
+    """JSON as the writer writes it: no NaN/Infinity tokens, no repeated fields."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+    except FormatError as e:
+        raise FormatError(f"{what}: {e}") from None
+    except ValueError as e:
+        raise FormatError(f"{what} is not valid JSON: {e}") from None
+
+
+def _decode(data, check_types: bool, materialize: bool = True):
+    from .decode import decode_program
+    from .values import ArraySource
+    container.check_not_newer(container.peek_format_version(data))
+    entries = container.unpack_archive(data)
+    manifest = container.parse_manifest(entries[0][1], _check_versions)
+    container.verify_entries(manifest, entries)
+    try:
+        text = bytes(entries[1][1]).decode("ascii")
+    except UnicodeDecodeError:
+        raise FormatError("program.json is not ASCII text") from None
+    doc = strict_json(text, "program.json")
+    arrays = ArraySource(doc.get("arrays") if isinstance(doc, dict) else None,
+                         [content for _, content in entries[2:]],
+                         [name for name, _ in entries[2:]], materialize=materialize)
+    program = decode_program(doc, arrays)
+    if check_types:
+        from .typecheck import check_program_types
+        check_program_types(program)
+    return program
+
+
+def is_saved_program(path) -> bool:
+    """Whether ``path`` looks like a saved program: its first archive entry is a
+    stored manifest naming this format.  A cheap sniff (the manifest only, read with
+    a size bound); ``load`` does the real checks."""
+    import struct
+    try:
+        with open(path, "rb") as f:
+            head = f.read(30 + len(container.MANIFEST))
+            if len(head) < 30 or head[:4] != b"PK\x03\x04" or head[30:] != container.MANIFEST.encode():
+                return False
+            method, size, name_len, extra_len = (struct.unpack_from("<H", head, 8)[0],
+                                                 struct.unpack_from("<I", head, 22)[0],
+                                                 *struct.unpack_from("<HH", head, 26))
+            extra = f.read(extra_len)
+            if size == 0xFFFFFFFF and len(extra) >= 12:
+                size = struct.unpack_from("<Q", extra, 4)[0]
+            if method != 0 or size > _SNIFF_LIMIT:
+                return False
+            manifest = json.loads(f.read(size).decode("ascii"))
+    except (OSError, ValueError, struct.error):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == container.FORMAT_NAME
+
+
+_SNIFF_LIMIT = 1 << 26

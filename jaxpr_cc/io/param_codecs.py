@@ -1,0 +1,462 @@
+"""Equation parameters as JSON, through a table of per-type encoders and decoders.
+
+JSON's own values stand for themselves: ``null``, ``true``/``false``, integers,
+strings, finite floats; a JSON array is a Python *tuple* (JAX's parameters are
+almost always tuples).  Every other value is a tagged object ``{"$t": TAG, "v":
+PAYLOAD}``, e.g. ``{"$t": "dtype", "v": "float32"}``,
+``{"$t": "enum", "v": ["Precision", "HIGHEST"]}``, ``{"$t": "region", "v": 3}``.
+
+The encoder for a value is found by its type (walking the MRO, enums first); a type
+with no encoder raises ``SaveError`` naming the primitive and the parameter, so an
+unsavable program fails at save time, never at load time.  Decoders are looked up
+by tag; unknown tags are refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import json
+import math
+import struct
+import types
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir.region import Region
+from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
+                           ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
+                           UNSPECIFIED, dots_saveable_type, param_enum_types)
+from . import dtypes, effects, primitives, pytrees, shardings
+from .errors import FormatError, SaveError
+
+_MAX_DEPTH = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    tag: str
+    encode: Callable[[Any, "ParamEncoder"], Any]   # value -> payload
+    decode: Callable[[Any, "ParamDecoder"], Any]   # payload -> value
+
+
+_BY_TYPE: dict[type, Codec] = {}
+_BY_TAG: dict[str, Codec] = {}
+
+
+def register(types_: tuple[type, ...] | type, tag: str, encode, decode) -> None:
+    codec = Codec(tag, encode, decode)
+    if tag in _BY_TAG:
+        raise ValueError(f"parameter codec tag {tag!r} is registered twice")
+    _BY_TAG[tag] = codec
+    for t in (types_ if isinstance(types_, tuple) else (types_,)):
+        _BY_TYPE[t] = codec
+    _resolve.cache_clear()
+
+
+_ENUMS: dict[str, type] = {cls.__name__: cls for cls in param_enum_types()}
+_ENUM_NAMES = {cls: name for name, cls in _ENUMS.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(t: type) -> Codec | None:
+    if issubclass(t, enum.Enum):
+        return _BY_TAG["enum"] if t in _ENUM_NAMES else None
+    for base in t.__mro__:
+        codec = _BY_TYPE.get(base)
+        if codec is not None:
+            return codec
+    return None
+
+
+def codec_for(value: Any) -> Codec | None:
+    """The codec that would encode ``value`` (None for JSON-native values and for
+    values that cannot be saved)."""
+    return _resolve(type(value))
+
+
+def is_callable_param(value: Any) -> bool:
+    return isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+                              functools.partial)) or type(value).__name__ == "WrappedFun" or (
+        callable(value) and not isinstance(value, type) and codec_for(value) is None)
+
+
+# ------------------------------------------------------------------ encoder
+class ParamEncoder:
+    """Encodes parameter values of one program; ``where`` names the primitive and
+    parameter being encoded, for error messages."""
+
+    def __init__(self, region_ref: Callable[[Region], int], jaxpr_ref: Callable[[Any], int],
+                 array_ref: Callable[[Any, str], dict], aval_codec):
+        self.region_ref = region_ref
+        self.jaxpr_ref = jaxpr_ref
+        self.array_ref = array_ref
+        self.avals = aval_codec
+        self.where = "parameter"
+        self._depth = 0
+
+    def encode(self, value: Any) -> Any:
+        t = type(value)
+        if t is str or t is int or t is bool or value is None:
+            return value
+        if t is float:
+            if math.isfinite(value):
+                return value
+            return {"$t": "float", "v": struct.pack(">d", value).hex()}
+        self._depth += 1
+        try:
+            if self._depth > _MAX_DEPTH:
+                raise SaveError(f"cannot save {self.where}: nested too deeply")
+            if t is tuple:
+                return [self.encode(v) for v in value]
+            codec = _resolve(t)
+            if codec is None:
+                raise SaveError(self._cannot(value))
+            return {"$t": codec.tag, "v": codec.encode(value, self)}
+        finally:
+            self._depth -= 1
+
+    def _cannot(self, value: Any) -> str:
+        t = type(value)
+        if is_callable_param(value):
+            return (f"cannot save {self.where}: it holds a Python callable "
+                    f"({getattr(value, '__qualname__', t.__name__)}); only first-order programs "
+                    f"can be saved: trace with jaxpr_cc.trace and run closure conversion so that "
+                    f"custom rules are held as regions")
+        return (f"cannot save {self.where} of type {t.__module__}.{t.__qualname__}: "
+                f"no encoder for this type")
+
+
+# ------------------------------------------------------------------ decoder
+class ParamDecoder:
+    def __init__(self, region: Callable[[Any], Region], jaxpr: Callable[[Any, bool], Any],
+                 host_value: Callable[[Any], Any], aval_codec):
+        self.region = region
+        self.jaxpr = jaxpr
+        self.host_value = host_value
+        self.avals = aval_codec
+        self._depth = 0
+
+    def decode(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is str or t is int or t is bool or obj is None or t is float:
+            return obj
+        self._depth += 1
+        try:
+            if self._depth > _MAX_DEPTH:
+                raise FormatError("parameter nested too deeply")
+            if t is list:
+                return tuple([self.decode(v) for v in obj])
+            if t is dict:
+                if len(obj) != 2 or "$t" not in obj or "v" not in obj:
+                    raise FormatError(f"malformed tagged parameter value (fields {sorted(obj)[:6]})")
+                codec = _BY_TAG.get(obj["$t"]) if type(obj["$t"]) is str else None
+                if codec is None:
+                    raise FormatError(f"unknown parameter type tag {str(obj['$t'])[:40]!r}")
+                return codec.decode(obj["v"], self)
+            raise FormatError(f"malformed parameter value {str(obj)[:40]}")
+        finally:
+            self._depth -= 1
+
+
+# ---------------------------------------------------------- codec bodies
+def _dec_float(v, dec):
+    if type(v) is not str or len(v) != 16:
+        raise FormatError("malformed float bits")
+    try:
+        value = struct.unpack(">d", bytes.fromhex(v))[0]
+    except ValueError:
+        raise FormatError("malformed float bits") from None
+    if math.isfinite(value):
+        raise FormatError("finite floats are written as JSON numbers")
+    return value
+
+
+def _list_payload(v, what):
+    if not isinstance(v, list):
+        raise FormatError(f"{what} payload must be a list")
+    return v
+
+
+def _enc_dict(value: dict, enc):
+    return [[enc.encode(k), enc.encode(v)] for k, v in value.items()]
+
+
+def _dec_dict(v, dec):
+    out = {}
+    for pair in _list_payload(v, "dict"):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise FormatError("dict items must be [key, value] pairs")
+        key = dec.decode(pair[0])
+        try:
+            if key in out:
+                raise FormatError("duplicate dict key")
+        except TypeError:
+            raise FormatError("unhashable dict key") from None
+        out[key] = dec.decode(pair[1])
+    return out
+
+
+def _enc_set(value, enc):
+    return sorted((enc.encode(v) for v in value), key=lambda e: json.dumps(e, sort_keys=True))
+
+
+def _dec_set(cls):
+    def decode(v, dec):
+        items = [dec.decode(x) for x in _list_payload(v, cls.__name__)]
+        try:
+            out = cls(items)
+        except TypeError:
+            raise FormatError(f"unhashable {cls.__name__} element") from None
+        if len(out) != len(items):
+            raise FormatError(f"{cls.__name__} lists an element twice")
+        return out
+    return decode
+
+
+def _enc_dtype(value, enc):
+    name = dtypes.dtype_name(value)
+    if name is None:
+        raise SaveError(f"cannot save {enc.where}: dtype {value} has no name in the format")
+    return name
+
+
+def _dec_dtype(v, dec):
+    return dtypes.dtype_from_name(v)
+
+
+def _enc_type(value, enc):
+    if isinstance(value, type) and issubclass(value, np.generic):
+        name = dtypes.dtype_name(np.dtype(value))
+        if name is not None:
+            return name
+    raise SaveError(f"cannot save {enc.where}: the class {getattr(value, '__qualname__', value)} "
+                    f"(only numpy scalar types can be saved as classes)")
+
+
+def _dec_type(v, dec):
+    dtype = dtypes.dtype_from_name(v)
+    if not isinstance(dtype, np.dtype):
+        raise FormatError(f"{v!r} is not a numpy scalar type")
+    return dtype.type
+
+
+def _enc_np_scalar(value, enc):
+    return [_enc_dtype(value.dtype, enc), dtypes.encode_scalar(value, value.dtype)]
+
+
+def _dec_np_scalar(v, dec):
+    if not (isinstance(v, list) and len(v) == 2):
+        raise FormatError("malformed numpy scalar")
+    return dtypes.decode_scalar(v[1], dtypes.dtype_from_name(v[0]))[()]
+
+
+def _enc_typed_scalar(value, enc):
+    base = {TypedInt: int, TypedFloat: float, TypedComplex: complex}[type(value)]
+    storage = {int: "int64", float: "float64", complex: "complex128"}[base]
+    return [_enc_dtype(value.dtype, enc), dtypes.encode_scalar(base(value), np.dtype(storage))]
+
+
+def _dec_typed_scalar(v, dec):
+    if not (isinstance(v, list) and len(v) == 2):
+        raise FormatError("malformed typed scalar")
+    dtype = dtypes.dtype_from_name(v[0])
+    kind = dtypes.category(dtype)
+    cls, storage = {"int": (TypedInt, "int64"), "float": (TypedFloat, "float64"),
+                    "complex": (TypedComplex, "complex128")}.get(kind, (None, None))
+    if cls is None:
+        raise FormatError(f"a typed scalar cannot have dtype {v[0]!r}")
+    return cls(dtypes.decode_scalar(v[1], np.dtype(storage))[()].item(), dtype)
+
+
+def _enc_enum(value, enc):
+    return [_ENUM_NAMES[type(value)], value.name]
+
+
+def _dec_enum(v, dec):
+    if not (isinstance(v, list) and len(v) == 2 and all(type(x) is str for x in v)):
+        raise FormatError("malformed enum")
+    cls = _ENUMS.get(v[0])
+    if cls is None:
+        raise FormatError(f"unknown enum type {v[0][:40]!r}")
+    try:
+        return cls[v[1]]
+    except KeyError:
+        raise FormatError(f"{v[0]} has no member {v[1][:40]!r}") from None
+
+
+def _record(cls: type, fields: tuple[str, ...], positional: bool):
+    """Codec functions for a class rebuilt from named fields."""
+    def encode(value, enc):
+        return {f: enc.encode(getattr(value, f)) for f in fields}
+
+    def decode(v, dec):
+        if not isinstance(v, dict) or set(v) != set(fields):
+            raise FormatError(f"malformed {cls.__name__}: expected fields {list(fields)}")
+        values = {f: dec.decode(v[f]) for f in fields}
+        try:
+            return cls(*[values[f] for f in fields]) if positional else cls(**values)
+        except (TypeError, ValueError) as e:
+            raise FormatError(f"invalid {cls.__name__}: {e}") from None
+    return encode, decode
+
+
+def _enc_region(value, enc):
+    return enc.region_ref(value)
+
+
+def _dec_region(v, dec):
+    return dec.region(v)
+
+
+def _enc_jaxpr(value, enc):
+    return enc.jaxpr_ref(value)
+
+
+def _dec_jaxpr(closed: bool):
+    def decode(v, dec):
+        return dec.jaxpr(v, closed)
+    return decode
+
+
+def _enc_array(value, enc):
+    return enc.array_ref(value, enc.where)
+
+
+def _dec_array(v, dec):
+    return dec.host_value(v)
+
+
+def _enc_treedef(value, enc):
+    return pytrees.encode_treedef(value, enc.where)
+
+
+def _dec_treedef(v, dec):
+    return pytrees.decode_treedef(v)
+
+
+def _enc_effect(value, enc):
+    return effects.encode_effect(value, enc.where)
+
+
+def _dec_effect(v, dec):
+    return effects.decode_effect(v)
+
+
+def _enc_aval(value, enc):
+    return enc.avals.encode(value, enc.where)
+
+
+def _dec_aval(v, dec):
+    return dec.avals.decode(v)
+
+
+def _enc_primitive(value, enc):
+    problem = primitives.problem_with(value)
+    if problem:
+        raise SaveError(f"cannot save {enc.where}: {problem}")
+    return value.name
+
+
+def _dec_primitive(v, dec):
+    prim = primitives.lookup(v) if type(v) is str else None
+    if prim is None:
+        raise FormatError(f"unknown primitive {str(v)[:60]!r}")
+    return prim
+
+
+def _remat_policies() -> dict[str, Any]:
+    import jax
+    table = {}
+    for name in sorted(dir(jax.checkpoint_policies)):
+        if not name.startswith("_"):
+            table[name] = getattr(jax.checkpoint_policies, name)
+    return table
+
+
+_POLICIES = _remat_policies()
+_POLICY_NAMES = {id(v): k for k, v in _POLICIES.items()}
+
+
+def _enc_function(value, enc):
+    name = _POLICY_NAMES.get(id(value))
+    if name is not None and _POLICIES[name] is value:
+        return name
+    raise SaveError(enc._cannot(value))
+
+
+def _dec_function(v, dec):
+    if type(v) is str and v in _POLICIES and isinstance(_POLICIES[v], types.FunctionType):
+        return _POLICIES[v]
+    raise FormatError(f"unknown checkpoint policy {str(v)[:40]!r}")
+
+
+def _singleton(obj):
+    def decode(v, dec):
+        if v is not None:
+            raise FormatError("malformed singleton")
+        return obj
+    return (lambda value, enc: None), decode
+
+
+def _wrap(encode, decode):
+    """Adapt ``shardings``' (value, where) encoders and (payload) decoders."""
+    return (lambda value, enc: encode(value, enc.where)), (lambda v, dec: decode(v))
+
+
+def _build_table() -> None:
+    import jax
+
+    register((), "float", None, _dec_float)  # non-finite floats; finite ones are JSON numbers
+    register(list, "list", lambda v, e: [e.encode(x) for x in v],
+             lambda v, d: [d.decode(x) for x in _list_payload(v, "list")])
+    register(dict, "dict", _enc_dict, _dec_dict)
+    register(frozenset, "frozenset", _enc_set, _dec_set(frozenset))
+    register(set, "set", _enc_set, _dec_set(set))
+    register(np.dtype, "dtype", _enc_dtype, _dec_dtype)
+    register(ExtendedDType, "extended_dtype", _enc_dtype, _dec_dtype)
+    register(type, "scalar_type", _enc_type, _dec_type)
+    register(np.generic, "numpy_scalar", _enc_np_scalar, _dec_np_scalar)
+    register((TypedInt, TypedFloat, TypedComplex), "typed_scalar", _enc_typed_scalar,
+             _dec_typed_scalar)
+    register((np.ndarray, jax.Array), "array", _enc_array, _dec_array)
+    register((), "enum", _enc_enum, _dec_enum)
+    for cls in (jax.lax.GatherDimensionNumbers, jax.lax.ScatterDimensionNumbers,
+                jax.lax.ConvDimensionNumbers, jax.lax.DotAlgorithm):
+        register(cls, cls.__name__, *_record(cls, tuple(cls._fields), positional=True))
+    register(jax.lax.RaggedDotDimensionNumbers, "RaggedDotDimensionNumbers",
+             *_record(jax.lax.RaggedDotDimensionNumbers,
+                      ("dot_dimension_numbers", "lhs_ragged_dimensions", "rhs_group_dimensions"),
+                      positional=False))
+    register(jax.lax.Tolerance, "Tolerance",
+             *_record(jax.lax.Tolerance, ("atol", "rtol", "ulps"), positional=False))
+    dots = dots_saveable_type()
+    register(dots, "DotsSaveable",
+             *_record(dots, tuple(f.name for f in dataclasses.fields(dots)), positional=False))
+    register(Region, "region", _enc_region, _dec_region)
+    register(Jaxpr, "jaxpr", _enc_jaxpr, _dec_jaxpr(closed=False))
+    register(ClosedJaxpr, "closed_jaxpr", _enc_jaxpr, _dec_jaxpr(closed=True))
+    register(type(jax.tree_util.tree_structure(0)), "treedef", _enc_treedef, _dec_treedef)
+    register(Effect, "effect", _enc_effect, _dec_effect)
+    register((ShapedArray, AbstractToken), "aval", _enc_aval, _dec_aval)
+    register(Primitive, "primitive", _enc_primitive, _dec_primitive)
+    register(types.FunctionType, "checkpoint_policy", _enc_function, _dec_function)
+    register(jax.sharding.Mesh, "mesh", *_wrap(shardings.encode_mesh, shardings.decode_mesh))
+    register(jax.sharding.AbstractMesh, "abstract_mesh",
+             *_wrap(shardings.encode_abstract_mesh, shardings.decode_abstract_mesh))
+    register(jax.sharding.NamedSharding, "named_sharding",
+             *_wrap(shardings.encode_named_sharding, shardings.decode_named_sharding))
+    register(jax.sharding.SingleDeviceSharding, "single_device_sharding",
+             *_wrap(shardings.encode_single_device_sharding,
+                    shardings.decode_single_device_sharding))
+    register(jax.sharding.PartitionSpec, "pspec",
+             *_wrap(shardings.encode_pspec, shardings.decode_pspec))
+    register(jax.Device, "device",
+             *_wrap(shardings.encode_device, shardings.decode_device))
+    register(UnspecifiedValue, "unspecified", *_singleton(UNSPECIFIED))
+    unconstrained = jax.sharding.PartitionSpec.UNCONSTRAINED
+    register(type(unconstrained), "unconstrained", *_singleton(unconstrained))
+
+
+_build_table()
