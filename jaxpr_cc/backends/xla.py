@@ -1,0 +1,544 @@
+"""XLA backend: compile a Program into an :class:`Executable`; save and load them.
+
+``compile(program)`` emits the program's jaxpr, lowers it with ``jax.jit`` at the
+program's argument types and compiles it with XLA right away.  The hoisted
+parameters (``program.params``) are inputs of the compiled computation, bound to
+the executable: ``with_params`` swaps them without recompiling.
+
+Saved executables hold the program as ``jax.export`` serialized it (versioned
+StableHLO) plus data only; see :mod:`jaxpr_cc.backends.xla_archive`.  Loading
+compiles at load time.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable, Sequence
+
+import jax
+from jax import tree_util
+
+from ..ir.program import Program
+from ..jax_adapter import (compiled_fast_call, executable_fastpath, jaxpr_as_fun,
+                           named_sharding_from_hlo)
+from . import xla_archive
+from .xla_archive import LoadError, SaveError
+
+__all__ = ["Executable", "LoadError", "SaveError", "compile", "compile_flat", "emit_function",
+           "is_executable_file", "load_executable", "save_executable"]
+
+TEXT_KINDS = ("stablehlo", "hlo")
+
+
+# ------------------------------------------------------------------- emission
+def emit_function(program: Program) -> Callable[..., list]:
+    """The program as ``f(*params, *arg_leaves) -> list of output leaves``."""
+    eval_closed = jaxpr_as_fun(program.to_jaxpr())
+
+    def flat_fun(*flat):
+        return eval_closed(*flat)
+    _name_function(flat_fun, program.name)
+    return flat_fun
+
+
+def _name_function(fun, name: str) -> None:
+    # jax.jit names the XLA module after the function ("jit_<name>").
+    fun.__name__ = fun.__qualname__ = re.sub(r"\W", "_", name) or "program"
+
+
+def _specs(avals, weak_types=None) -> list:
+    if weak_types is None:
+        weak_types = [getattr(a, "weak_type", False) for a in avals]
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=w) for a, w in zip(avals, weak_types)]
+
+
+# ------------------------------------------------------------------- compile
+def compile(program: Program, *, in_shardings: Any = None, out_shardings: Any = None,
+            donate_argnums: int | Sequence[int] = (),
+            compiler_options: dict | None = None) -> "Executable":
+    """Lower and compile ``program`` with XLA; returns an :class:`Executable` called
+    like the program (same arguments, keyword arguments and result pytrees).
+
+    ``in_shardings`` is a sharding or a pytree prefix of the positional arguments
+    (as for ``jax.jit``; None entries let XLA choose), ``out_shardings`` a prefix
+    of the result.  Parameters that are committed arrays keep their sharding.
+    ``donate_argnums`` are positional arguments whose buffers XLA may reuse.
+    """
+    if not isinstance(program, Program):
+        hint = " (use jaxpr_cc.jit for Python functions)" if callable(program) else ""
+        raise TypeError(f"jaxpr_cc.compile: expected a Program from jaxpr_cc.trace, got "
+                        f"{type(program).__name__}{hint}")
+    args_tree, kwargs_tree = program.in_tree.children()
+    flat_in = _flat_arg_shardings(program, in_shardings, args_tree, kwargs_tree)
+    donated = _donated_leaves(program, donate_argnums, args_tree)
+    return compile_flat(program, flat_in, out_shardings=out_shardings, donated=donated,
+                        compiler_options=compiler_options)
+
+
+def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *,
+                 out_shardings: Any = None, donated: Sequence[int] = (),
+                 compiler_options: dict | None = None) -> "Executable":
+    """:func:`compile` with one sharding (or None) per flat argument leaf and
+    ``donated`` as flat argument-leaf indices; ``jaxpr_cc.jit`` calls this."""
+    n_params = len(program.params)
+    avals = [v.aval for v in program.body.invars]
+    n_args = len(avals) - n_params
+    if arg_shardings is None:
+        arg_shardings = [None] * n_args
+    in_flat = [_committed_sharding(p) for p in program.params] + list(arg_shardings)
+    flat_fun = emit_function(program)
+    out_tree = program.out_tree
+
+    def tree_fun(*flat):
+        # Returning the user's pytree lets the compiled call unflatten in C++.
+        return tree_util.tree_unflatten(out_tree, flat_fun(*flat))
+    _name_function(tree_fun, program.name)
+
+    jit_kwargs: dict[str, Any] = {}
+    if any(s is not None for s in in_flat):
+        jit_kwargs["in_shardings"] = tuple(in_flat)
+    if out_shardings is not None:
+        jit_kwargs["out_shardings"] = out_shardings
+    if donated:
+        jit_kwargs["donate_argnums"] = tuple(sorted(n_params + i for i in donated))
+    lowered = jax.jit(tree_fun, **jit_kwargs).lower(*_specs(avals))
+    compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
+
+    def export(in_s, out_s) -> Any:
+        fun = lambda *flat: tuple(flat_fun(*flat))  # noqa: E731  (flat trees in the file)
+        _name_function(fun, program.name)
+        kw = {} if in_s is None else {"in_shardings": tuple(in_s), "out_shardings": tuple(out_s)}
+        return jax.export.export(jax.jit(fun, **kw))(*_specs(avals))
+
+    return Executable(name=program.name, compiled=compiled, lowered=lowered,
+                      in_tree=program.in_tree, out_tree=out_tree, params=program.params,
+                      input_avals=avals, n_params=n_params,
+                      donated=tuple(sorted(donated)), exporter=export, program=program)
+
+
+def _committed_sharding(x: Any):
+    """A committed array's sharding (it pins where XLA must read it), else None."""
+    if isinstance(x, jax.Array) and getattr(x, "committed", False):
+        return x.sharding
+    return None
+
+
+def _flat_arg_shardings(program: Program, in_shardings: Any, args_tree, kwargs_tree) -> list:
+    n_arg_leaves = args_tree.num_leaves
+    n_kw_leaves = kwargs_tree.num_leaves
+    if in_shardings is None:
+        return [None] * (n_arg_leaves + n_kw_leaves)
+    if isinstance(in_shardings, jax.sharding.Sharding):
+        return [in_shardings] * (n_arg_leaves + n_kw_leaves)
+    if isinstance(in_shardings, list):
+        in_shardings = tuple(in_shardings)
+    skeleton = tree_util.tree_unflatten(args_tree, [0] * n_arg_leaves)
+
+    def is_leaf(x):
+        return x is None or isinstance(x, jax.sharding.Sharding)
+    try:
+        full = jax.tree.broadcast(in_shardings, skeleton, is_leaf=is_leaf)
+        flat = args_tree.flatten_up_to(full)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"jaxpr_cc.compile({program.name}): in_shardings must be a sharding or "
+                         f"a pytree prefix of the positional arguments {args_tree}: {e}") from None
+    for s in flat:
+        if s is not None and not isinstance(s, jax.sharding.Sharding):
+            raise TypeError(f"jaxpr_cc.compile({program.name}): in_shardings entries must be "
+                            f"jax.sharding.Sharding or None, got {type(s).__name__}")
+    return list(flat) + [None] * n_kw_leaves
+
+
+def _donated_leaves(program: Program, donate_argnums, args_tree) -> list[int]:
+    nums = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums or ())
+    children = args_tree.children()
+    starts, pos = [], 0
+    for child in children:
+        starts.append(pos)
+        pos += child.num_leaves
+    leaves = []
+    for i in nums:
+        if not isinstance(i, int) or not -len(children) <= i < len(children):
+            raise ValueError(f"jaxpr_cc.compile({program.name}): donate_argnums entry {i!r} is "
+                             f"not a positional argument index (the program takes "
+                             f"{len(children)} positional arguments)")
+        i %= len(children)
+        leaves.extend(range(starts[i], starts[i] + children[i].num_leaves))
+    return sorted(set(leaves))
+
+
+def _place(values: Sequence[Any], shardings: Sequence[Any]) -> tuple:
+    """Parameters as device arrays laid out as the executable reads them, so a call
+    transfers nothing."""
+    out = []
+    for v, s in zip(values, shardings):
+        out.append(jax.device_put(v, s) if s is not None else jax.device_put(v))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------- executable
+class Executable:
+    """A compiled program, called with the program's own signature.
+
+    ``exe(*args, **kwargs)`` flattens the arguments with the program's ``in_tree``,
+    prepends the bound parameters and runs the XLA executable.
+    """
+
+    def __init__(self, *, name: str, compiled, lowered, in_tree, out_tree, params: Sequence[Any],
+                 input_avals: Sequence[Any], n_params: int, donated: tuple,
+                 exporter: Callable, program: Program | None = None, placed: bool = False):
+        self.name = name
+        self.program = program
+        self.in_tree = in_tree
+        self.out_tree = out_tree
+        self._compiled = compiled
+        self._lowered = lowered
+        self._input_avals = list(input_avals)
+        self._n_params = n_params
+        self._donated = donated
+        self._exporter = exporter
+        self._in_tree_code: Any = None
+        self._export_cache: tuple | None = None
+        flat_in = self._flat_input_shardings()
+        self.params = tuple(params) if placed else _place(params, flat_in[:n_params])
+        # Everything a call needs is bound here: the C++ dispatcher and the parameters.
+        call = compiled_fast_call(compiled)
+        self._fast = functools.partial(call, *self.params) if self.params else call
+
+    # -------------------------------------------------------------- calling
+    def __call__(self, *args, **kwargs):
+        leaves, tree = tree_util.tree_flatten((args, kwargs))
+        if tree != self.in_tree:
+            self._check_structure(tree)
+        return self._fast(*leaves)
+
+    @property
+    def call_flat(self) -> Callable:
+        """``f(*argument_leaves)``: the executable on already-flattened arguments, with
+        the parameters bound."""
+        return self._fast
+
+    def fastpath(self, outputs):
+        """What JAX's C++ jit dispatcher needs to run this executable by itself (None
+        if it cannot): ``jaxpr_cc.jit`` hands it over after a call returned
+        ``outputs``."""
+        return executable_fastpath(self._compiled, self.params, len(self.arg_avals), outputs)
+
+    def _check_structure(self, tree) -> None:
+        # A loaded executable rebuilds namedtuples as fresh classes: the caller's own
+        # namedtuple of the same name and fields has the same leaves in the same order.
+        if self._in_tree_code is None:
+            try:
+                self._in_tree_code = xla_archive.encode_treedef(self.in_tree, self.name)
+            except ValueError:
+                self._in_tree_code = False
+        try:
+            same = self._in_tree_code == xla_archive.encode_treedef(tree, self.name)
+        except ValueError:
+            same = False
+        if not same:
+            raise TypeError(f"{self.name}: arguments have structure {tree}, but the executable "
+                            f"was compiled for {self.in_tree}")
+
+    def with_params(self, *values) -> "Executable":
+        """The same compiled executable bound to new parameter values (no recompilation).
+        Each value must have its parameter's shape and dtype."""
+        if len(values) != self._n_params:
+            raise TypeError(f"{self.name}: with_params takes {self._n_params} value(s), one per "
+                            f"program parameter, got {len(values)}")
+        for i, (v, want) in enumerate(zip(values, self._input_avals)):
+            got = jax.typeof(v)
+            if got.shape != want.shape or got.dtype != want.dtype:
+                raise ValueError(f"{self.name}: parameter {i} must be "
+                                 f"{want.str_short(short_dtypes=True)}, got "
+                                 f"{got.str_short(short_dtypes=True)}")
+        placed = _place(values, self._flat_input_shardings()[:self._n_params])
+        return Executable(name=self.name, compiled=self._compiled, lowered=self._lowered,
+                          in_tree=self.in_tree, out_tree=self.out_tree, params=placed,
+                          input_avals=self._input_avals, n_params=self._n_params,
+                          donated=self._donated, exporter=self._exporter, program=self.program,
+                          placed=True)
+
+    # ---------------------------------------------------------- inspection
+    @property
+    def compiled(self):
+        """The underlying ``jax.stages.Compiled``."""
+        return self._compiled
+
+    def cost_analysis(self) -> Any:
+        """XLA's cost estimates (flops, bytes accessed, ...)."""
+        return self._compiled.cost_analysis()
+
+    def memory_analysis(self) -> Any:
+        """XLA's memory estimates (argument, output, temporary sizes in bytes)."""
+        return self._compiled.memory_analysis()
+
+    def as_text(self, kind: str = "hlo") -> str:
+        """``"stablehlo"``: the module handed to XLA; ``"hlo"``: XLA's optimized HLO."""
+        if kind == "stablehlo":
+            return self._lowered.as_text()
+        if kind == "hlo":
+            return self._compiled.as_text()
+        raise ValueError(f"{self.name}: as_text kind must be one of {TEXT_KINDS}, got {kind!r}")
+
+    def _flat_input_shardings(self) -> list:
+        # The compiled function takes flat inputs: input_shardings is ((s0, s1, ...), {}),
+        # with None for inputs XLA found unused.
+        return list(self._compiled.input_shardings[0])
+
+    def _flat_output_shardings(self) -> list:
+        return self.out_tree.flatten_up_to(self._compiled.output_shardings)
+
+    @property
+    def input_shardings(self):
+        """Sharding of each argument leaf, in the arguments' pytree ``(args, kwargs)``."""
+        flat = self._flat_input_shardings()[self._n_params:]
+        return tree_util.tree_unflatten(self.in_tree, flat)
+
+    @property
+    def param_shardings(self) -> tuple:
+        return tuple(self._flat_input_shardings()[:self._n_params])
+
+    @property
+    def output_shardings(self):
+        """Sharding of each result leaf, in the result's pytree."""
+        return self._compiled.output_shardings
+
+    @property
+    def devices(self) -> list:
+        """The devices the executable runs on, by id."""
+        found = {d for s in self._flat_input_shardings() + self._flat_output_shardings()
+                 if s is not None for d in s.device_set}
+        return sorted(found, key=lambda d: d.id)
+
+    @property
+    def arg_avals(self) -> list:
+        """Abstract values of the flat argument leaves (after the parameters)."""
+        return self._input_avals[self._n_params:]
+
+    def __repr__(self) -> str:
+        return (f"<Executable {self.name}: {len(self.arg_avals)} argument leaves, "
+                f"{self._n_params} params, {self.out_tree.num_leaves} outputs>")
+
+    # -------------------------------------------------------------- saving
+    def _serialized(self, in_shardings, out_shardings) -> tuple[Any, bytes]:
+        """(Exported, its bytes), exported once: JAX's MLIR locations can come out
+        differently on a second lowering, and saving twice must write the same file."""
+        if self._export_cache is None:
+            exported = self._exporter(in_shardings, out_shardings)
+            self._export_cache = (exported, bytes(exported.serialize()))
+        return self._export_cache
+
+    def save(self, path: str) -> None:
+        """Write to ``path`` (atomically); read back with :func:`load_executable`."""
+        save_executable(self, path)
+
+
+# ------------------------------------------------------------ save and load
+def save_executable(exe: Executable, path: str) -> None:
+    """Serialize ``exe`` with ``jax.export`` into a jaxpr-cc executable file.
+
+    Raises SaveError (a ValueError) when the program cannot be serialized (host callbacks, pytree
+    node types that cannot be rebuilt without code, layouts without a named mesh).
+    """
+    import jaxlib
+    from .. import __version__
+    where = f"cannot save executable {exe.name}"
+    in_tree = xla_archive.encode_treedef(exe.in_tree, f"{where}: arguments")
+    out_tree = xla_archive.encode_treedef(exe.out_tree, f"{where}: results")
+    in_s = exe._flat_input_shardings()
+    out_s = exe._flat_output_shardings()
+    layout = None
+    export_in = export_out = None
+    if _device_count(in_s + out_s) > 1:
+        mesh = _find_mesh(in_s + out_s, exe.program)
+        if mesh is None:
+            raise SaveError(f"{where}: it runs on several devices, but no named mesh describes "
+                             f"its layout; give it NamedSharding in_shardings")
+        out_avals = exe.out_tree.flatten_up_to(exe._compiled.out_info)
+        export_in = [_as_named(s, mesh, a, f"{where}: input {i}")
+                     for i, (s, a) in enumerate(zip(in_s, exe._input_avals))]
+        export_out = [_as_named(s, mesh, a, f"{where}: output {i}")
+                      for i, (s, a) in enumerate(zip(out_s, out_avals))]
+        try:
+            layout = xla_archive.encode_shardings(export_in + export_out, mesh)
+        except SaveError as e:
+            raise SaveError(f"{where}: {e}") from None
+        layout["n_inputs"] = len(export_in)
+    try:
+        exported, blob = exe._serialized(export_in, export_out)
+    except NotImplementedError as e:
+        raise SaveError(f"{where}: jax.export cannot serialize it ({e}); programs that call "
+                         f"back into Python (jax.debug.print, debug.callback, pure_callback, "
+                         f"io_callback) can be compiled but not saved") from None
+    members = {xla_archive.EXPORTED: blob}
+    params = []
+    for i, p in enumerate(exe.params):
+        try:
+            entry, data = xla_archive.encode_array(p)
+        except SaveError as e:
+            raise SaveError(f"{where}: parameter {i}: {e}") from None
+        entry["file"] = f"params/{i}.npy"
+        members[entry["file"]] = data
+        params.append(entry)
+    manifest = {
+        "format": xla_archive.FORMAT_NAME,
+        "format_version": xla_archive.FORMAT_VERSION,
+        "producer": {"jaxpr_cc": __version__, "jax": jax.__version__,
+                     "jaxlib": jaxlib.__version__},
+        "name": exe.name,
+        "platforms": list(exported.platforms),
+        "in_tree": in_tree,
+        "out_tree": out_tree,
+        "params": params,
+        "weak_types": [bool(getattr(a, "weak_type", False)) for a in exe._input_avals],
+        "donated": list(exe._donated),
+        "layout": layout,
+    }
+    xla_archive.write_archive(path, manifest, members)
+
+
+def _device_count(shardings) -> int:
+    devices = set()
+    for s in shardings:
+        if s is not None:
+            devices |= set(s.device_set)
+    return len(devices)
+
+
+def _find_mesh(shardings, program: Program | None):
+    """The concrete mesh of the first NamedSharding among the executable's own
+    shardings, else among the program's equation parameters (sharding constraints,
+    shard_map, nested jit shardings)."""
+    Mesh, NamedSharding = jax.sharding.Mesh, jax.sharding.NamedSharding
+    for s in shardings:
+        if isinstance(s, NamedSharding) and isinstance(s.mesh, Mesh) and s.mesh.size > 1:
+            return s.mesh
+    if program is None:
+        return None
+    for _, eqn in program.body.walk():
+        for value in eqn.params.values():
+            items = value if isinstance(value, tuple) else (value,)
+            for item in items:
+                if isinstance(item, Mesh) and item.size > 1:
+                    return item
+                if (isinstance(item, NamedSharding) and isinstance(item.mesh, Mesh)
+                        and item.mesh.size > 1):
+                    return item.mesh
+    return None
+
+
+def _as_named(s, mesh, aval, where: str):
+    """``s`` as an equivalent NamedSharding over ``mesh``; unused inputs (no sharding)
+    become replicated."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    ndim = len(getattr(aval, "shape", ()))
+    if s is None:
+        return NamedSharding(mesh, PartitionSpec())
+    if isinstance(s, NamedSharding) and s.mesh == mesh:
+        return s
+    if s.device_set == set(mesh.devices.flat) and s.is_fully_replicated:
+        return NamedSharding(mesh, PartitionSpec(), memory_kind=s.memory_kind)
+    candidate = None
+    if isinstance(s, NamedSharding) and s.mesh.shape_tuple == mesh.shape_tuple:
+        candidate = NamedSharding(mesh, s.spec, memory_kind=s.memory_kind)
+    elif not isinstance(s, NamedSharding):
+        candidate = named_sharding_from_hlo(s, mesh)
+    if candidate is None or not candidate.is_equivalent_to(s, ndim):
+        raise SaveError(f"{where} is laid out as {s}, which has no equivalent NamedSharding "
+                         f"on mesh {dict(mesh.shape)}")
+    return candidate
+
+
+def is_executable_file(path: str) -> bool:
+    """True when ``path`` is a jaxpr-cc executable file (by its manifest)."""
+    return xla_archive.is_executable_archive(path)
+
+
+def load_executable(path: str) -> Executable:
+    """Read an executable written by :func:`save_executable` and compile it for this
+    process's devices.  Every failure raises :class:`LoadError`."""
+    manifest, members = xla_archive.read_archive(path)
+    written = manifest["producer"]["jax"]
+
+    def bad(msg: str) -> LoadError:
+        return LoadError(path, msg)
+    try:
+        exported = jax.export.deserialize(bytearray(members[xla_archive.EXPORTED]))
+    except KeyError:
+        raise bad(f"no {xla_archive.EXPORTED} member") from None
+    except Exception as e:  # any failure of JAX's deserializer means the file is unusable
+        raise bad(f"cannot deserialize the program (written with JAX {written}, this is JAX "
+                  f"{jax.__version__}): {type(e).__name__}: {e}") from e
+    backend = jax.default_backend()
+    if backend not in exported.platforms:
+        raise bad(f"compiled for {', '.join(exported.platforms)}, but this process runs on "
+                  f"{backend}")
+    name = manifest.get("name")
+    if not isinstance(name, str):
+        raise bad("manifest has no program name")
+    in_tree = xla_archive.decode_treedef(manifest.get("in_tree"), path, "in_tree")
+    out_tree = xla_archive.decode_treedef(manifest.get("out_tree"), path, "out_tree")
+    out_avals = list(exported.out_avals)
+    weak = manifest.get("weak_types")
+    if not (isinstance(weak, list) and len(weak) == len(exported.in_avals)
+            and all(isinstance(w, bool) for w in weak)):
+        raise bad("manifest weak_types must list one bool per input")
+    # jax.export keeps shapes and dtypes; Python-scalar arguments are weakly typed.
+    in_avals = [a.update(weak_type=w) for a, w in zip(exported.in_avals, weak)]
+    param_entries = manifest.get("params")
+    if not isinstance(param_entries, list):
+        raise bad("manifest has no params list")
+    n_params = len(param_entries)
+    if in_tree.num_leaves + n_params != len(in_avals) or out_tree.num_leaves != len(out_avals):
+        raise bad(f"calling convention does not match the program: {n_params} params + "
+                  f"{in_tree.num_leaves} argument leaves for {len(in_avals)} inputs, "
+                  f"{out_tree.num_leaves} result leaves for {len(out_avals)} outputs")
+    donated = manifest.get("donated")
+    n_args = len(in_avals) - n_params
+    if not (isinstance(donated, list)
+            and all(isinstance(i, int) and 0 <= i < n_args for i in donated)):
+        raise bad("manifest donated must list argument-leaf indices")
+    params = []
+    for i, entry in enumerate(param_entries):
+        file = entry.get("file") if isinstance(entry, dict) else None
+        if file not in members:
+            raise bad(f"parameter {i} has no data member")
+        value = xla_archive.decode_array(entry, members[file], path, f"parameter {i}")
+        got = jax.typeof(value)
+        if got.shape != in_avals[i].shape or got.dtype != in_avals[i].dtype:
+            raise bad(f"parameter {i} is {got.str_short()}, the program expects "
+                      f"{in_avals[i].str_short()}")
+        params.append(value)
+
+    jit_kwargs: dict[str, Any] = {}
+    layout = manifest.get("layout")
+    if layout is not None:
+        if not isinstance(layout, dict) or layout.get("n_inputs") != len(in_avals):
+            raise bad("malformed device layout in the manifest")
+        shardings = xla_archive.decode_shardings(layout, path)
+        if len(shardings) != len(in_avals) + len(out_avals):
+            raise bad("device layout does not list one sharding per input and output")
+        if exported.nr_devices != len(shardings[0].device_set):
+            raise bad(f"program was exported for {exported.nr_devices} devices but its layout "
+                      f"names {len(shardings[0].device_set)}")
+        jit_kwargs["in_shardings"] = tuple(shardings[:len(in_avals)])
+        jit_kwargs["out_shardings"] = tree_util.tree_unflatten(out_tree, shardings[len(in_avals):])
+    elif exported.nr_devices != 1:
+        raise bad(f"program was exported for {exported.nr_devices} devices but the manifest "
+                  f"has no device layout")
+    if donated:
+        jit_kwargs["donate_argnums"] = tuple(n_params + i for i in donated)
+
+    def tree_fun(*flat):
+        return tree_util.tree_unflatten(out_tree, exported.call(*flat))
+    _name_function(tree_fun, name)
+    try:
+        lowered = jax.jit(tree_fun, **jit_kwargs).lower(*_specs(in_avals))
+        compiled = lowered.compile()
+    except Exception as e:  # compiling deserialized StableHLO: any failure is a load failure
+        raise bad(f"compiling the saved program failed (written with JAX {written}, this is "
+                  f"JAX {jax.__version__}): {type(e).__name__}: {e}") from e
+    return Executable(name=name, compiled=compiled, lowered=lowered, in_tree=in_tree,
+                      out_tree=out_tree, params=params, input_avals=in_avals, n_params=n_params,
+                      donated=tuple(donated), exporter=lambda in_s, out_s: exported)
