@@ -21,3 +21,18 @@ def example_args():
         jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float32),
         jnp.linspace(0.5, 1.5, 8, dtype=jnp.float32),
     )
+
+
+# x**2 is traced twice (the Gaussian and jnp.where's negative branch); CSE keeps the
+# first integer_pow and the negation reads it.
+# RUN: --check-prefix=TRACE
+# TRACE-LABEL: func @fun(%x:f32[8], %y:f32[8])
+# TRACE:      {{%[0-9]+}}:f32[8] = integer_pow[y=2] %x
+# TRACE:      [[SQ2:%[0-9]+]]:f32[8] = integer_pow[y=2] %x
+# TRACE-NEXT: neg [[SQ2]]
+# RUN: cse
+# CHECK-LABEL: func @fun(%x:f32[8], %y:f32[8])
+# CHECK:      [[SQ:%[0-9]+]]:f32[8] = integer_pow[y=2] %x
+# CHECK-NOT:  integer_pow[y=2] %x
+# CHECK:      = neg [[SQ]]
+# CHECK:      return

@@ -18,3 +18,16 @@ def example_args():
     buf = jnp.arange(8 * 6, dtype=jnp.float32).reshape(8, 6) / 10.0
     patch = jnp.ones((3, 4), jnp.float32) * jnp.float32(-0.5)
     return (buf, patch, jnp.int32(2))
+
+
+# Both dynamic slices wrap a negative `start` the same way (lt / add / select_n):
+# CSE keeps the first wrap and the second slice indexes with it.
+# RUN: cse
+# CHECK-LABEL: func @fun(%buf:f32[8,6], %patch:f32[3,4], %start:i32[])
+# CHECK:      [[NEG:%[0-9]+]]:bool[] = lt %start, 0:i32[]
+# CHECK-NEXT: [[WRAP:%[0-9]+]]:i32[] = add %start, 8:i32[]
+# CHECK-NEXT: [[IDX:%[0-9]+]]:i32[] = select_n [[NEG]], %start, [[WRAP]]
+# CHECK:      dynamic_slice[slice_sizes=(3, 4)] %buf, [[IDX]],
+# CHECK:      [[UPD:%[0-9]+]]:f32[8,6] = dynamic_update_slice %buf,
+# CHECK-NOT:  lt %start, 0:i32[]
+# CHECK:      dynamic_slice[slice_sizes=(2, 6)] [[UPD]], [[IDX]], 0:i32[]

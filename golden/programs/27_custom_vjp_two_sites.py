@@ -33,3 +33,19 @@ def fun(w, x):
 def example_args():
     rng = np.random.RandomState(27)
     return (jnp.asarray(rng.randn(4, 3).astype(np.float32)), jnp.asarray(rng.randn(2, 4).astype(np.float32)))
+
+
+# Each call site of ste_round is a custom_vjp_call whose rule is materialized at
+# trace time: call_jaxpr, fwd_jaxpr and bwd_jaxpr Regions, no residuals.
+# RUN:
+# CHECK-LABEL: func @fun(%w:f32[4,3], %x:f32[2,4])
+# CHECK:      [[W4:%[0-9]+]]:f32[4,3] = mul[out_dtype=None] %w, 4.0:f32[]
+# CHECK-NEXT: custom_vjp_call[{{.*}}depth_limit=None{{.*}}name='ste_round', num_consts=0, num_res=0{{.*}}] [[W4]] {
+# CHECK-NEXT:   call_jaxpr({{%[0-9]+}}:f32[4,3]) {
+# CHECK:        fwd_jaxpr({{%[0-9]+}}:f32[4,3]) {
+# CHECK:        bwd_jaxpr([[CT:%[0-9]+]]:f32[4,3]) {
+# CHECK-NEXT:     return [[CT]]
+# CHECK:      [[H8:%[0-9]+]]:f32[2,3] = mul[out_dtype=None] {{%[0-9]+}}, 8.0:f32[]
+# CHECK-NEXT: custom_vjp_call[{{.*}}name='ste_round'{{.*}}] [[H8]] {
+# CHECK:        fwd_jaxpr(
+# CHECK:        bwd_jaxpr(

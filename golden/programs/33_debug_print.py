@@ -20,3 +20,13 @@ def fun(x, target):
 
 def example_args():
     return (jnp.array([2.0, -1.0, 0.5], jnp.float32), jnp.array([0.0, 1.0, 1.0], jnp.float32))
+
+
+# The loss inside the loop feeds only jax.debug.print; printing is an effect, so
+# DCE keeps the print, the loss and the effect on the loop.
+# RUN: dce
+# CHECK-LABEL: func @fun(%x:f32[3], %target:f32[3])
+# CHECK:      scan[{{.*}}] %target, 0:i32[], %x effects={Debug} {
+# CHECK:        [[LOSS:%[0-9]+]]:f32[] = reduce_sum[axes=(0,)
+# CHECK-NEXT:   debug_print[fmt='step {i}: loss={loss:.4f}'{{.*}}] {{%[0-9]+}}, [[LOSS]] effects={Debug}
+# CHECK:      debug_print[fmt='final={out}'{{.*}}] {{%[0-9]+}} effects={Debug}

@@ -22,3 +22,14 @@ def example_args():
     features = jnp.asarray(rng.randn(6, 3).astype(np.float32))
     labels = jnp.array([1, 0, 1, 1, 0, 0], jnp.float32)
     return (jnp.array([0.1, -0.3, 0.2], jnp.float32), jnp.float32(0.05), features, labels)
+
+
+# The traced gradient calls softplus through a jit with three outputs; only the
+# first is used, so DCE leaves a one-output jit.
+# RUN: cse --check-prefix=BEFORE
+# BEFORE: {{%[0-9]+}}:f32[6], {{%[0-9]+}}:f32[6], {{%[0-9]+}}:f32[6] = jit[{{.*}}name='softplus'
+# RUN: cse,dce
+# CHECK-LABEL: func @_loss(
+# CHECK:      [[Z:%[0-9]+]]:f32[6] = add {{%[0-9]+}}, %b
+# CHECK-NOT:  , {{%[0-9]+}}:f32[6] = jit[
+# CHECK:      {{%[0-9]+}}:f32[6] = jit[{{.*}}name='softplus', out_layouts=(None,){{.*}}] [[Z]] {

@@ -20,3 +20,19 @@ def fun(x):
 
 def example_args():
     return (jnp.linspace(-1.0, 1.0, 3 * 64, dtype=jnp.float32).reshape(3, 64),)
+
+
+# The traced program closes over three float32 constants; hoist-consts turns them
+# into bound parameters ahead of x, leaving no constant behind.
+# RUN: --check-prefix=TRACE
+# TRACE-LABEL: func @fun(%x:f32[3,64])
+# TRACE-NEXT:  const %c0:f32[64,64] = array<f32[64,64] sha256:
+# TRACE-NEXT:  const %c1:f32[64] = array<f32[64] sha256:
+# TRACE-NEXT:  const %c2:f32[64,64] = array<f32[64,64] sha256:
+# RUN: hoist-consts
+# CHECK:      # bound params: 3
+# CHECK-NEXT: func @fun(%param0:f32[64,64], %param1:f32[64], %param2:f32[64,64], %x:f32[3,64])
+# CHECK-NOT:  const
+# CHECK:      dot_general[{{.*}}] %x, %param0
+# CHECK:      broadcast_in_dim[{{.*}}] %param1
+# CHECK:      dot_general[{{.*}}] {{%[0-9]+}}, %param2
