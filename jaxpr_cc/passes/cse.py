@@ -1,0 +1,95 @@
+"""``cse``: merge equations with the same primitive, parameters and operands.
+
+Walking each region in order, an equation's key is its primitive, its parameters
+(``structural_key``: exact, with nested regions compared structurally), its
+operands (values by identity, literals by dtype and bits).
+When an earlier equation has the same key, the later one's results are replaced
+by the earlier one's and it is erased; readers of the merged results then match
+further equations, so chains of duplicates collapse in one walk.  Regions are
+processed innermost first (so identical loops and branches compare equal after
+their own bodies were simplified); values never cross regions.
+
+Effectful, random-bit-generating and callback equations -- or equations whose
+regions contain one -- are never merged (``passes.effects``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.region import Region
+from ..ir.value import Value
+from .base import Pass, PassContext, register_pass
+from .effects import CALLBACK_PRIMITIVES, RANDOM_PRIMITIVES, EffectOracle
+from .signature import merge_into
+from .structural_key import KeyMaker
+
+
+@register_pass("cse")
+@dataclass(frozen=True)
+class CommonSubexpressionElimination(Pass):
+    summary = "merge equations with the same primitive, parameters and operands"
+
+    def run(self, program, ctx: PassContext):
+        merged = _CSE().region(program.body)
+        if merged:
+            ctx.count("equations-merged", merged)
+        ctx.changed = bool(merged)
+        return program
+
+
+class _CSE:
+    def __init__(self):
+        self.keys = KeyMaker()
+        self.oracle = EffectOracle()
+        # Merging inside a region does not depend on who calls it, so a region
+        # shared by several equations is processed once.
+        self.done: set[int] = set()
+        self._alive: list[Region] = []
+
+    def region(self, region: Region) -> int:
+        if id(region) in self.done:
+            return 0
+        self.done.add(id(region))
+        self._alive.append(region)
+        merged = 0
+        seen: dict[tuple, object] = {}
+        keys = self.keys
+        blocked = CALLBACK_PRIMITIVES | RANDOM_PRIMITIVES
+        # Program order need not be topological for this walk to be sound: merging
+        # two equations with identical operands can never create a cycle, and the
+        # emitter orders equations topologically anyway.
+        literal = keys.literal
+        plain_params = keys.plain_params
+        blocked_prims: dict = {}  # Primitive -> whether its name is in ``blocked``
+        for eqn in region.equations:
+            prim = eqn.prim
+            params = eqn.params
+            pkey = plain_params(params) if params else ()
+            if pkey is None:  # nested regions: simplify them first, then key them
+                for _, _, sub in eqn.regions():
+                    merged += self.region(sub)
+                if not self.oracle.is_mergeable(eqn):
+                    continue
+                pkey = keys.params(params)
+            else:
+                is_blocked = blocked_prims.get(prim)
+                if is_blocked is None:
+                    is_blocked = blocked_prims[prim] = prim.name in blocked
+                if is_blocked or (eqn.effects and not self.oracle.is_mergeable(eqn)):
+                    continue
+            # Result types are not part of the key: a primitive's abstract evaluation
+            # is a function of its parameters and operand types.  Values hash by
+            # identity; Literals do not hash at all, so an equation with a literal
+            # operand takes the slower path that keys literals by dtype and bits.
+            key = (prim, pkey, tuple(eqn.inputs))
+            try:
+                first = seen.get(key)
+            except TypeError:
+                key = (prim, pkey, tuple([a if type(a) is Value else literal(a) for a in eqn.inputs]))
+                first = seen.get(key)
+            if first is None:
+                seen[key] = eqn
+                continue
+            merge_into(region, eqn, first)
+            merged += 1
+        return merged

@@ -1,0 +1,363 @@
+"""``hoist-consts``: every constant becomes an explicit parameter of the program.
+
+Constants live in three places: the top-level region's constants, constants of
+nested closed regions (a ``jit`` body that closed over an array), and -- if
+``literals`` is set -- literal operands.  Each one at least ``min_bytes`` large
+becomes a leading input of the body whose value is bound to the program
+(``program.params``), so the program keeps its calling convention while a
+compiler sees the array as an argument, not as a constant to embed and fold:
+compilation no longer scales with the constant's size, and new values
+(``program.with_params``) need no recompilation.
+
+A constant nested in a region is threaded outwards level by level: the region
+gets a new input, the equation that holds it a new operand (per-primitive rules
+in ``THREAD_RULES`` know where: appended for calls and branches, among the
+constants of loops), and the operand is supplied the same way one level up.
+Supplies are requested lazily from the top down, so a value reaches the
+top level once and every level reuses an operand it already has.  With
+``dedupe`` (default) identical constants -- same dtype, shape, weak type and
+bytes -- become one parameter.  Regions of primitives without a rule (custom
+rules whose derivative rules are Python callables) keep their constants; the
+statistic ``constants-left-nested`` counts them.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir.arrays import nbytes, to_numpy
+from ..ir.region import Region
+from ..ir.value import Value, is_literal
+from ..jax_adapter import UNSPECIFIED_SHARDING, is_input_effect
+from .base import Pass, PassContext, register_pass
+from .sharing import RegionOwnership
+from .signature import append_input, binder_uses, has_regions, insert_input
+
+Supply = Callable[[Any, Any, "str | None"], Value]
+
+
+@register_pass("hoist-consts")
+@dataclass(frozen=True)
+class HoistConstants(Pass):
+    summary = "turn constants (top-level, nested, optionally literals) into bound parameters"
+    min_bytes: int = 0
+    dedupe: bool = True
+    literals: bool = False
+
+    def __post_init__(self):
+        if self.min_bytes < 0:
+            raise ValueError(f"min-bytes must be >= 0, got {self.min_bytes}")
+
+    def run(self, program, ctx: PassContext):
+        _Hoister(self, program, ctx).run()
+        return program
+
+
+class _Hoister:
+    def __init__(self, options: HoistConstants, program, ctx: PassContext):
+        self.options = options
+        self.program = program
+        self.ctx = ctx
+        self.new_params: list[Any] = []
+        self.owner = RegionOwnership(program.body)
+        self._needs: dict[int, bool] = {}
+        self._alive: list[Region] = []
+        # (dtype, shape, weak_type) -> [(array, body input)], for deduplication
+        self.buckets: dict[tuple, list[tuple[Any, Value]]] = {}
+
+    def run(self) -> None:
+        body = self.program.body
+        for i, value in enumerate(self.program.params):
+            self._remember(value, body.invars[i])
+        self._region(body, self._supply_top)
+        if self.new_params:
+            self.program.params = self.program.params + tuple(self.new_params)
+        self.ctx.changed = bool(self.ctx.stats.get("constants-hoisted"))
+
+    # ------------------------------------------------------------ supplies
+    def _bucket_key(self, value, aval) -> tuple:
+        return (str(aval.dtype), tuple(aval.shape), bool(getattr(aval, "weak_type", False)))
+
+    def _remember(self, value, v: Value) -> None:
+        self.buckets.setdefault(self._bucket_key(value, v.aval), []).append((value, v))
+
+    def _supply_top(self, value, aval, name) -> Value:
+        """A body input bound to ``value``: an existing parameter holding the same
+        bytes (with ``dedupe``), or a new one after the existing parameters."""
+        if self.options.dedupe:
+            for other, v in self.buckets.get(self._bucket_key(value, aval), ()):
+                if other is value or _same_bytes(other, value):
+                    self.ctx.count("constants-deduplicated")
+                    return v
+        body = self.program.body
+        position = len(self.program.params) + len(self.new_params)
+        v = body.add_input(aval, name or f"param{position}", position=position)
+        self.new_params.append(value)
+        self._remember(value, v)
+        self.ctx.count("params-added")
+        self.ctx.count("bytes-hoisted", nbytes(value))
+        return v
+
+    def _supply_nested(self, rule, outer: Region, eqn, key: str, idx, outer_supply: Supply,
+                       value, aval, name) -> Value:
+        return rule(outer, eqn, key, idx, outer_supply(value, aval, name))
+
+    # ------------------------------------------------------------- regions
+    def _region(self, region: Region, supply: Supply) -> None:
+        for eqn in list(region.equations):
+            if not has_regions(eqn):
+                continue
+            subs = list(eqn.regions())
+            rule = thread_rule_for(eqn)
+            if rule is None:
+                left = sum(self._count_nested(sub) for _, _, sub in subs)
+                if left:
+                    self.ctx.count("constants-left-nested", left)
+                continue
+            if not any(self._has_work(sub) for _, _, sub in subs):
+                continue
+            # Threading gives the equation's regions new inputs: regions shared
+            # with other equations are copied first.
+            self.owner.own_all(eqn)
+            for key, idx, sub in list(eqn.regions()):
+                self._region(sub, functools.partial(self._supply_nested, rule, region, eqn,
+                                                    key, idx, supply))
+        self._constants(region, supply)
+        if self.options.literals:
+            self._literals(region, supply)
+
+    def _has_work(self, region: Region) -> bool:
+        """Whether anything in ``region`` (or below, through threadable equations)
+        would be hoisted."""
+        hit = self._needs.get(id(region))
+        if hit is not None:
+            return hit
+        self._alive.append(region)
+        found = region.consts is not None and any(self._big_enough(c) for c in region.consts)
+        if not found and self.options.literals:
+            found = any(is_literal(a) and self._big_enough(_literal_value(a))
+                        for a in region.outvars) or any(
+                is_literal(a) and self._big_enough(_literal_value(a))
+                for e in region.equations for a in e.inputs)
+        if not found:
+            for eqn in region.equations:
+                if has_regions(eqn) and thread_rule_for(eqn) is not None and any(
+                        self._has_work(sub) for _, _, sub in eqn.regions()):
+                    found = True
+                    break
+        self._needs[id(region)] = found
+        return found
+
+    def _big_enough(self, value) -> bool:
+        return nbytes(value) >= self.options.min_bytes
+
+    def _constants(self, region: Region, supply: Supply) -> None:
+        if region.consts is None or not region.constvars:
+            return
+        uses = binder_uses(region)
+        keep_vars, keep_values = [], []
+        for cv, value in zip(list(region.constvars), list(region.consts)):
+            if not self._big_enough(value):
+                keep_vars.append(cv)
+                keep_values.append(value)
+                continue
+            v = supply(value, cv.aval, cv.name)
+            for consumer, pos in uses.get(cv, ()):
+                region.set_operand(consumer, pos, v)
+            self.ctx.count("constants-hoisted")
+        region.constvars = keep_vars
+        region.consts = keep_values
+        region._renumber_binders()
+
+    def _literals(self, region: Region, supply: Supply) -> None:
+        value_of = _literal_value
+        for eqn in list(region.equations):
+            for pos, atom in enumerate(list(eqn.inputs)):
+                if is_literal(atom) and self._big_enough(value_of(atom)):
+                    region.set_operand(eqn, pos, supply(value_of(atom), atom.aval, None))
+                    self.ctx.count("constants-hoisted")
+                    self.ctx.count("literals-hoisted")
+        for pos, atom in enumerate(list(region.outvars)):
+            if is_literal(atom) and self._big_enough(value_of(atom)):
+                region.set_operand(region.exit, pos, supply(value_of(atom), atom.aval, None))
+                self.ctx.count("constants-hoisted")
+                self.ctx.count("literals-hoisted")
+
+    def _count_nested(self, region: Region) -> int:
+        n = 0
+        for r in region.regions():
+            if r.consts is not None:
+                n += sum(1 for c in r.consts if self._big_enough(c))
+        return n
+
+
+def _literal_value(lit) -> np.ndarray:
+    return np.asarray(lit.val, dtype=lit.aval.dtype)
+
+
+def _same_bytes(a, b) -> bool:
+    x, y = to_numpy(a), to_numpy(b)
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+    return np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8))
+
+
+# ------------------------------------------------------------------ thread rules
+# rule(outer_region, eqn, param_key, param_index, outer_value) -> the input of
+# region ``eqn.params[param_key][param_index]`` that receives ``outer_value``.
+
+def _operand_position(eqn, value: Value, start: int, stop: int) -> int | None:
+    for pos in range(start, stop):
+        if eqn.inputs[pos] is value:
+            return pos
+    return None
+
+
+def _extend(params: dict, name: str, entry) -> None:
+    if isinstance(params.get(name), tuple):
+        params[name] = params[name] + (entry,)
+
+
+def _call_rule(param: str, per_input: tuple[tuple[str, Any], ...] = ()):
+    def rule(outer: Region, eqn, key, idx, value: Value) -> Value:
+        sub: Region = eqn.params[param]
+        pos = _operand_position(eqn, value, 0, len(eqn.inputs))
+        if pos is not None:
+            return sub.invars[pos]
+        append_input(outer, eqn, value)
+        inner = sub.add_input(value.aval, value.name)
+        params = dict(eqn.params)
+        for name, entry in per_input:
+            _extend(params, name, entry)
+        eqn.params = params
+        return inner
+    return rule
+
+
+def _cond_rule(outer: Region, eqn, key, idx, value: Value) -> Value:
+    branches = eqn.params["branches"]
+    pos = _operand_position(eqn, value, 1, len(eqn.inputs))
+    if pos is not None:
+        return branches[idx].invars[pos - 1]
+    append_input(outer, eqn, value)
+    added = [b.add_input(value.aval, value.name) for b in branches]
+    return added[idx]
+
+
+def _while_rule(outer: Region, eqn, key, idx, value: Value) -> Value:
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    if key == "cond_jaxpr":
+        pos = _operand_position(eqn, value, 0, nc)
+        if pos is not None:
+            return p["cond_jaxpr"].invars[pos]
+        insert_input(outer, eqn, nc, value)
+        inner = p["cond_jaxpr"].add_input(value.aval, value.name, position=nc)
+        eqn.params = dict(p, cond_nconsts=nc + 1)
+        return inner
+    pos = _operand_position(eqn, value, nc, nc + nb)
+    if pos is not None:
+        return p["body_jaxpr"].invars[pos - nc]
+    insert_input(outer, eqn, nc + nb, value)
+    inner = p["body_jaxpr"].add_input(value.aval, value.name, position=nb)
+    eqn.params = dict(p, body_nconsts=nb + 1)
+    return inner
+
+
+def _scan_rule(outer: Region, eqn, key, idx, value: Value) -> Value:
+    p = eqn.params
+    n = p["num_consts"]
+    pos = _operand_position(eqn, value, 0, n)
+    if pos is not None:
+        return p["jaxpr"].invars[pos]
+    insert_input(outer, eqn, n, value)
+    inner = p["jaxpr"].add_input(value.aval, value.name, position=n)
+    params = dict(p, num_consts=n + 1)
+    if isinstance(p.get("linear"), tuple):
+        linear = list(p["linear"])
+        linear.insert(n, False)
+        params["linear"] = tuple(linear)
+    eqn.params = params
+    return inner
+
+
+def _shard_map_rule(outer: Region, eqn, key, idx, value: Value) -> Value:
+    from jax.sharding import PartitionSpec
+    rule = _call_rule("jaxpr", (("in_specs", PartitionSpec()),))
+    return rule(outer, eqn, key, idx, value)
+
+
+def _custom_rule(count_param: str):
+    """First-order custom rules (``jaxpr_cc.closure``): every region of the equation
+    takes the ``count_param`` leading operands (closed-over values, or residuals of
+    ``linear_call``) first, so a new one is inserted at that position everywhere."""
+    def rule(outer: Region, eqn, key, idx, value: Value) -> Value:
+        p = eqn.params
+        n = p[count_param]
+        subs = [sub for _, _, sub in eqn.regions()]
+        target = p[key] if idx is None else p[key][idx]
+        pos = _operand_position(eqn, value, 0, n)
+        if pos is not None:
+            return target.invars[pos]
+        insert_input(outer, eqn, n, value)
+        added = {id(sub): sub.add_input(value.aval, value.name, position=n) for sub in subs}
+        params = dict(p)
+        params[count_param] = n + 1
+        if isinstance(p.get("const_names"), tuple) and count_param == "num_consts":
+            params["const_names"] = p["const_names"] + (value.name or f"param{n}",)
+        eqn.params = params
+        return added[id(target)]
+    return rule
+
+
+_CUSTOM_RULES = {
+    "custom_vjp_call": _custom_rule("num_consts"),
+    "custom_jvp_call": _custom_rule("num_consts"),
+    "linear_call": _custom_rule("num_res"),
+}
+
+
+def thread_rule_for(eqn) -> Callable | None:
+    """The threading rule for ``eqn``, or None when its regions must keep their
+    constants (custom rules whose derivative rules are still Python callables)."""
+    if any(is_input_effect(e) for e in eqn.effects):
+        return None  # its effects name operands by position: new operands would shift them
+    rule = THREAD_RULES.get(eqn.prim.name)
+    if rule is not None:
+        return rule
+    custom = _CUSTOM_RULES.get(eqn.prim.name)
+    if custom is not None and _is_first_order_custom(eqn):
+        return custom
+    return None
+
+
+def _is_first_order_custom(eqn) -> bool:
+    try:
+        from ..closure.ir_rules import is_first_order_custom
+    except ImportError:  # closure conversion not available: treat rules as opaque
+        return False
+    if eqn.prim.name == "linear_call" and eqn.params.get("num_callee_consts", 0) != 0:
+        return False
+    return is_first_order_custom(eqn.prim.name, eqn.params)
+
+
+_JIT_RULE = _call_rule("jaxpr", (("in_shardings", UNSPECIFIED_SHARDING), ("in_layouts", None),
+                                 ("donated_invars", False)))
+
+#: How to give a region of each primitive a new input fed by a new operand.
+THREAD_RULES: dict[str, Callable] = {
+    "jit": _JIT_RULE,
+    "pjit": _JIT_RULE,
+    "closed_call": _call_rule("call_jaxpr"),
+    "core_call": _call_rule("call_jaxpr"),
+    "remat2": _call_rule("jaxpr", (("prevent_cse", False),)),
+    "checkpoint": _call_rule("jaxpr", (("prevent_cse", False),)),
+    "cond": _cond_rule,
+    "while": _while_rule,
+    "scan": _scan_rule,
+    "shard_map": _shard_map_rule,
+}

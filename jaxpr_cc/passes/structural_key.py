@@ -1,0 +1,181 @@
+"""Exact, hashable keys for equation parameters, literals and whole regions.
+
+Two keys are equal only when the things they describe are interchangeable:
+floats compare by bit pattern (``0.0`` and ``-0.0`` differ, NaN equals itself),
+``True`` differs from ``1``, arrays compare by dtype, shape and bytes, regions
+compare structurally (same equations over the same dataflow, values numbered by
+definition order), and anything without a trustworthy equality (Python callables,
+unhashable objects) compares by identity.  ``cse`` merges equations whose keys
+are equal.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from ..ir.arrays import to_numpy
+from ..ir.region import Region
+from ..ir.value import Value, is_literal
+
+
+class _Identity:
+    """Wraps an object so that it equals only itself (and hashes by identity)."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return type(other) is _Identity and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+_PLAIN = (type(None), str, int)
+
+
+class KeyMaker:
+    """Builds keys, caching per region and per array object for one pass run."""
+
+    def __init__(self):
+        self._regions: dict[int, tuple] = {}
+        self._arrays: dict[int, tuple] = {}
+        self._literals: dict[int, tuple] = {}
+        self._keep: list[Any] = []  # keeps cached objects alive so their ids stay unique
+
+    # ------------------------------------------------------------- params
+    def params(self, params: dict) -> tuple:
+        """Parameters in the order JAX bound them (one primitive always binds its
+        parameters in the same order, so equal parameter sets give equal keys)."""
+        out = []
+        for k, v in params.items():
+            t = type(v)
+            if t is str or v is None:
+                out.append((k, v))
+            elif t is int:
+                out.append((k, ("i", v)))
+            else:
+                out.append((k, self.value(v)))
+        return tuple(out)
+
+    def plain_params(self, params: dict) -> tuple | None:
+        """``params(params)``, or None if a parameter holds a region (the caller must
+        simplify nested regions before keying them)."""
+        out = []
+        for k, v in params.items():
+            t = type(v)
+            if t is str or v is None:
+                out.append((k, v))
+            elif t is int:
+                out.append((k, ("i", v)))
+            elif t is Region or (t is tuple and v and type(v[0]) is Region):
+                return None
+            else:
+                out.append((k, self.value(v)))
+        return tuple(out)
+
+    def value(self, v: Any) -> Any:
+        t = type(v)
+        if t in _PLAIN:
+            return v if t is not int else ("i", v)
+        if t is bool:
+            return ("b", v)
+        if t is float:
+            return ("f", v.hex())
+        if t is complex:
+            return ("c", v.real.hex(), v.imag.hex())
+        if t is tuple or t is list:
+            return (t.__name__, tuple(self.value(x) for x in v))
+        if isinstance(v, Region):
+            return self.region(v)
+        if isinstance(v, tuple):  # NamedTuples: type plus fields
+            return (t, tuple(self.value(x) for x in v))
+        if isinstance(v, dict):
+            return ("dict", tuple(sorted(((repr(k), self.value(x)) for k, x in v.items()),
+                                         key=lambda kv: kv[0])))
+        if isinstance(v, (np.ndarray, np.generic)) or _is_jax_array(v):
+            return self.array(v)
+        if isinstance(v, (enum.Enum, np.dtype)):
+            return (t, v)
+        if callable(v) and not isinstance(v, type):
+            return _Identity(v)
+        try:
+            hash(v)
+        except TypeError:
+            return _Identity(v)
+        return (t, v)
+
+    def array(self, x: Any) -> tuple:
+        key = self._arrays.get(id(x))
+        if key is None:
+            a = to_numpy(x)
+            dtype = getattr(x, "dtype", a.dtype)
+            weak = bool(getattr(x, "weak_type", False))
+            key = self._arrays[id(x)] = ("array", str(dtype), weak, a.shape,
+                                         np.ascontiguousarray(a).tobytes())
+            self._keep.append(x)
+        return key
+
+    def literal(self, lit) -> tuple:
+        hit = self._literals.get(id(lit))
+        if hit is not None and hit[0] is lit:
+            return hit[1]
+        aval = lit.aval
+        val = lit.val
+        try:
+            key = ("lit", aval, np.asarray(val, dtype=aval.dtype).tobytes())
+        except (TypeError, ValueError):
+            key = ("lit", aval, self.value(val))
+        self._literals[id(lit)] = (lit, key)
+        return key
+
+    # ------------------------------------------------------------ regions
+    def region(self, region: Region) -> tuple:
+        """A structural key: equal for regions that compute the same thing the same way."""
+        key = self._regions.get(id(region))
+        if key is not None:
+            return key
+        numbers: dict[Value, int] = {}
+        for v in region.constvars + region.invars:
+            numbers[v] = len(numbers)
+
+        def ref(a):
+            if is_literal(a):
+                return self.literal(a)
+            return numbers.get(a, -1)
+
+        consts = tuple(self.value(c) for c in region.consts) if region.consts is not None else None
+        eqns = []
+        for eqn in region.equations:
+            eqns.append((eqn.prim, self.params(eqn.params), tuple(ref(a) for a in eqn.inputs),
+                         tuple(o.aval for o in eqn.outputs), _Effects(eqn.effects)))
+            for o in eqn.outputs:
+                numbers[o] = len(numbers)
+        key = ("region", consts, tuple(v.aval for v in region.constvars),
+               tuple(v.aval for v in region.invars), tuple(eqns),
+               tuple(ref(a) for a in region.outvars))
+        self._regions[id(region)] = key
+        self._keep.append(region)
+        return key
+
+
+class _Effects:
+    """Effects sets compare by equality; JAX effect objects are hashable."""
+    __slots__ = ("effects",)
+
+    def __init__(self, effects):
+        self.effects = frozenset(effects)
+
+    def __eq__(self, other):
+        return type(other) is _Effects and other.effects == self.effects
+
+    def __hash__(self):
+        return hash(len(self.effects))
+
+
+def _is_jax_array(v: Any) -> bool:
+    import jax
+    return isinstance(v, jax.Array)
