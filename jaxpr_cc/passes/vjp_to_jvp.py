@@ -1,0 +1,302 @@
+"""``vjp-to-jvp``: give functions that only have a VJP rule a JVP rule built from it.
+
+Each first-order ``custom_vjp_call`` becomes a ``custom_jvp_call`` with the same
+operands and primal (``call_jaxpr``), whose jvp rule runs the user's ``fwd`` and
+forms the output tangent as
+
+    t_y = linear_call(callee=T, transpose=bwd)(residuals=(c, r); linear=t_x)
+
+where ``bwd`` is the user's backward rule ``(c, r, ct_y) -> ct_x`` and ``T`` is its
+transpose with respect to the cotangent, ``(c, r, t_x) -> t_y``, computed from
+bwd's jaxpr (``jaxpr_cc.transpose``).  Forward mode (``jax.jvp``, ``jax.jacfwd``)
+then runs ``T``; reverse mode transposes the ``linear_call`` and so runs the
+user's own ``bwd`` -- ``jax.grad`` is unchanged.  Second derivatives
+(``jax.hessian``) differentiate ``T`` or ``bwd`` with respect to the residuals.
+The ``linear_call`` rules this needs (batching, perturbed residuals, partially
+known linear operands) are registered from ``jax_adapter`` when this module is
+imported.
+
+Closed-over values ``c`` (the rule's leading ``num_consts`` operands) get no
+derivative from the user's rule; the new rule keeps the vjp rule's info fields, so
+its derivatives with respect to them follow the same ``closed_over`` policy (a jvp
+of the primal).  When that policy differentiates them in forward mode for reverse
+mode too (``closed_over='forward'``, or 'auto' on a primal with a while_loop, and
+at most ``max_forward_size`` elements), the closed-over values are made ordinary
+linear inputs of the ``linear_call``, whose transpose forms their cotangents from
+forward-mode columns, as the vjp rule did.
+
+A bwd that is not linear in the cotangent (``clip(ct)``, ``sin(ct)``, a while_loop
+over it) has no transpose: the pass raises :class:`~jaxpr_cc.transpose.NotTransposableError`
+naming the rule and the offending equation, and (run through the pass manager)
+leaves the program unchanged.  ``untransposable=skip`` leaves such rules as they
+are instead; ``untransposable=primal`` takes their forward-mode tangent from the
+primal's own jvp (``call_jaxpr`` differentiated in forward mode, through loops
+too) while reverse mode still runs bwd -- the two agree when bwd is the true
+derivative (a fixed-point solver's adjoint iteration), not when bwd changes
+gradients on purpose (gradient clipping).  Every custom_vjp_call is rewritten, in every region -- inside other
+rules' primals, fwd and bwd, loops and branches; ``rules=a,b`` selects rules by
+the user's function name.  Rules that were not materialized (``depth_limit`` set:
+the innermost level of a self-referential rule) are left as they are and counted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import jax.numpy as jnp
+import numpy as np
+
+from .. import jax_adapter as jx
+from ..backends.jaxpr import region_to_closed_jaxpr
+from ..closure.ir_rules import is_first_order_custom
+from ..closure.rules import LinearRule, RuleInfo, bind_linear_rule, is_inexact, run
+from ..frontend.from_jaxpr import region_from_closed_jaxpr
+from ..ir.equation import Equation
+from ..ir.region import Region
+from ..ir.value import Value
+from ..transpose import NotTransposableError, transpose_linear
+from .base import Pass, PassContext, register_pass
+
+jx.register_linear_call_batching()
+
+_INFO_FIELDS = ("name", "source", "const_names", "closed_over", "max_forward_size", "reverse_ok")
+
+
+@register_pass("vjp-to-jvp")
+@dataclass(frozen=True)
+class VjpToJvp(Pass):
+    summary = ("custom_vjp -> custom_jvp whose tangent is linear_call(transpose of bwd, bwd): "
+               "forward mode through VJP-only functions, reverse mode still runs bwd")
+    rules: tuple[str, ...] = ()                      # rule function names; empty = all
+    untransposable: Literal["error", "skip", "primal"] = "error"
+
+    def run(self, program, ctx: PassContext):
+        rewriter = _Rewriter(self, ctx)
+        rewriter.region(program.body)
+        ctx.changed = rewriter.changed
+        return program
+
+
+def _describe(params: dict) -> str:
+    return f"custom_vjp rule '{params.get('name', '?')}' ({params.get('source', '?')})"
+
+
+class _Rewriter:
+    def __init__(self, options: VjpToJvp, ctx: PassContext):
+        self.options = options
+        self.ctx = ctx
+        self.done: dict[int, Region] = {}       # regions already visited (shared rules: once)
+        self.built: dict[tuple, dict | None] = {}  # (call, fwd, bwd) region ids -> new params
+        self.changed = False
+
+    def region(self, region: Region) -> None:
+        if id(region) in self.done:
+            return
+        self.done[id(region)] = region
+        for eqn in region.equations:
+            # Post-order: rules inside this equation's regions (a fwd that calls
+            # the custom function itself, a bwd that uses one) are rewritten before
+            # this equation's own rule is built from those regions.
+            for _, _, sub in eqn.regions():
+                self.region(sub)
+            if eqn.prim.name == "custom_vjp_call":
+                self.rewrite(region, eqn)
+
+    def rewrite(self, region: Region, eqn: Equation) -> None:
+        p = eqn.params
+        if not is_first_order_custom("custom_vjp_call", p):
+            self.ctx.count("calls-skipped-not-first-order")
+            return
+        if self.options.rules and p["name"] not in self.options.rules:
+            self.ctx.count("calls-not-selected")
+            return
+        if p.get("depth_limit") is not None or "fwd_jaxpr" not in p:
+            self.ctx.count("calls-unmaterialized")
+            return
+        key = (id(p["call_jaxpr"]), id(p["fwd_jaxpr"]), id(p["bwd_jaxpr"]))
+        if key not in self.built:
+            try:
+                self.built[key] = build_jvp_params(p, untransposable=self.options.untransposable)
+                self.ctx.count("rules-rewritten")
+            except NotTransposableError as e:
+                if self.options.untransposable == "error":
+                    raise NotTransposableError(
+                        f"{e}; vjp-to-jvp needs a bwd that is linear in the cotangent "
+                        f"(untransposable=skip leaves such rules as they are, "
+                        f"untransposable=primal takes forward-mode tangents from the primal)",
+                        e.equation, e.reason) from None
+                self.built[key] = None
+                self.ctx.count("rules-skipped-untransposable")
+        new_params = self.built[key]
+        if new_params is None:
+            return
+        outputs = [Value(v.aval, name=v.name) for v in eqn.outputs]
+        new = Equation(jx.custom_jvp_call_p, list(eqn.inputs), outputs, dict(new_params),
+                       eqn.effects, eqn.source_info, eqn.ctx)
+        region.insert_before(eqn, new)
+        for old, out in zip(eqn.outputs, outputs):
+            region.replace_all_uses_with(old, out)
+        region.erase(eqn)
+        self.ctx.count("calls-rewritten")
+        self.changed = True
+
+
+# ---------------------------------------------------------------- building
+def build_jvp_params(p: dict, *, untransposable: str = "error") -> dict:
+    """First-order ``custom_jvp_call`` params equivalent to the vjp rule ``p``.
+
+    Raises NotTransposableError when bwd is not linear in its cotangent, unless
+    ``untransposable='primal'``: then the tangent map is the primal's own jvp
+    (``call_jaxpr`` differentiated in forward mode), still transposed by bwd.
+    """
+    what = f"the bwd of {_describe(p)}"
+    call = region_to_closed_jaxpr(p["call_jaxpr"])
+    fwd = region_to_closed_jaxpr(p["fwd_jaxpr"])
+    bwd = region_to_closed_jaxpr(p["bwd_jaxpr"])
+    nc, nr = p["num_consts"], p["num_res"]
+    in_avals, y_avals = list(call.in_avals), list(call.out_avals)
+    c_avals = in_avals[:nc]
+    x_inexact = [is_inexact(a) for a in in_avals[nc:]]
+    y_inexact = [is_inexact(a) for a in y_avals]
+    n_ct = len(bwd.in_avals) - nc - nr
+    if n_ct != sum(y_inexact) or len(bwd.out_avals) != sum(x_inexact):
+        raise NotTransposableError(
+            f"{what} takes {n_ct} cotangents and returns {len(bwd.out_avals)}; the rule's "
+            f"function has {sum(y_inexact)} float outputs and {sum(x_inexact)} float inputs")
+    transposed = None
+    if n_ct and bwd.out_avals:
+        try:
+            transposed = transpose_linear(bwd, [False] * (nc + nr) + [True] * n_ct, what=what,
+                                          linear_name="its cotangent")
+        except NotTransposableError:
+            if untransposable != "primal":
+                raise
+    use_primal = transposed is None and n_ct > 0 and bool(bwd.out_avals)
+    consts_linear = nc > 0 and _consts_need_forward_columns(p, c_avals)
+    jvp = _jvp_rule(_info(p), call, fwd, bwd, transposed, nc, nr,
+                    consts_linear=consts_linear, use_primal=use_primal)
+    params = dict(call_jaxpr=p["call_jaxpr"], jvp_jaxpr=jvp,
+                  num_consts=0 if consts_linear else nc,
+                  symbolic_zeros=p["symbolic_zeros"], depth_limit=None)
+    params.update({f: p[f] for f in _INFO_FIELDS})
+    if consts_linear:
+        params["const_names"] = ()  # the closed-over values are ordinary inputs now
+    return params
+
+
+def _info(p: dict) -> RuleInfo:
+    return RuleInfo(name=p["name"], source=p["source"], const_names=tuple(p["const_names"]),
+                    closed_over=p["closed_over"], max_forward_size=p["max_forward_size"],
+                    reverse_ok=p["reverse_ok"])
+
+
+def _consts_need_forward_columns(p: dict, c_avals) -> bool:
+    """True when the vjp rule's policy forms cotangents of the closed-over values by
+    forward mode (the primal cannot be reverse-differentiated), within the size
+    bound: then the new rule must do the same for reverse mode."""
+    mode = p["closed_over"]
+    size = sum(int(np.prod(a.shape)) for a in c_avals if is_inexact(a))
+    if size == 0 or size > p["max_forward_size"]:
+        return False
+    return mode == "forward" or (mode == "auto" and not p["reverse_ok"])
+
+
+def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
+              consts_linear: bool, use_primal: bool) -> Region:
+    """The jvp rule ``(c, x, t) -> (y, t_y)`` as a constant-free Region.
+
+    ``t_y = linear_call(callee, transpose)(residuals; t)``.  In the plain case the
+    residuals are ``(c, r)``, ``callee = T`` (bwd transposed) and ``transpose = bwd``.
+    With ``consts_linear`` the tangents of the closed-over values are linear inputs
+    too (callee adds the primal's jvp along them, transpose adds their cotangents
+    by forward-mode columns); with ``use_primal`` the callee is the primal's jvp
+    instead of ``T``.  Either needs the primal arguments among the residuals.
+    """
+    import jax
+
+    from ..closure.rules import _forward_const_cotangents
+    in_avals, y_avals = list(call.in_avals), list(call.out_avals)
+    c_avals, x_avals = in_avals[:nc], in_avals[nc:]
+    nx, ny = len(x_avals), len(y_avals)
+    r_avals = list(bwd.in_avals[nc:nc + nr])
+    ct_avals = list(bwd.in_avals[nc + nr:])
+    y_inexact = [is_inexact(a) for a in y_avals]
+    hot_c = [i for i, a in enumerate(c_avals) if is_inexact(a)] if consts_linear else []
+    hot_x = [i for i, a in enumerate(x_avals) if is_inexact(a)]
+    tc_avals = [c_avals[i] for i in hot_c]
+    tx_avals = [x_avals[i] for i in hot_x]
+    keep_x = consts_linear or use_primal
+    res_avals = [*c_avals, *(x_avals if keep_x else []), *r_avals]
+    n_res = len(res_avals)
+
+    def split_res(res):
+        c = res[:nc]
+        x = res[nc:nc + nx] if keep_x else ()
+        return c, x, res[len(res) - nr:]
+
+    def primal_jvp(c, x, hot, tangents, along_consts: bool):
+        def f(*hv):
+            cc, xx = list(c), list(x)
+            for i, v in zip(hot, hv):
+                (cc if along_consts else xx)[i] = v
+            return run(call, *cc, *xx)
+        base = c if along_consts else x
+        _, t_out = jax.jvp(f, tuple(base[i] for i in hot), tuple(tangents))
+        return [t for t, inexact in zip(t_out, y_inexact) if inexact]
+
+    def callee(*ops):
+        c, x, r = split_res(ops[:n_res])
+        tc, tx = ops[n_res:n_res + len(hot_c)], ops[n_res + len(hot_c):]
+        parts = []
+        if tx:
+            parts.append(primal_jvp(c, x, hot_x, tx, False) if use_primal
+                         else run(transposed, *c, *r, *tx))
+        if tc:
+            parts.append(primal_jvp(c, x, hot_c, tc, True))
+        return [sum(ts[1:], ts[0]) for ts in zip(*parts)]
+
+    def transpose(*ops):
+        c, x, r = split_res(ops[:n_res])
+        ct = ops[n_res:]
+        ct_x = run(bwd, *c, *r, *ct)
+        if not hot_c:
+            return list(ct_x)
+        it = iter(ct)
+        cts = [next(it) if inexact else 0 for inexact in y_inexact]
+        ct_c = _forward_const_cotangents(call, list(c), list(x), hot_c, cts, y_avals)
+        return [*ct_c, *ct_x]
+
+    rule = None
+    if ct_avals and (tx_avals or tc_avals):
+        if keep_x:
+            callee_c = _closed(callee, [*res_avals, *tc_avals, *tx_avals], f"{info.name}_tangent")
+            transpose_c = _closed(transpose, [*res_avals, *ct_avals], f"{info.name}_cotangent")
+        else:
+            callee_c, transpose_c = transposed, bwd  # exactly (c, r; t_x) and (c, r; ct_y)
+        rule = LinearRule(info=info, callee=callee_c, transpose=transpose_c, num_res=n_res)
+    y_t_avals = [a for a in y_avals if is_inexact(a)]
+
+    def jvp(*ops):
+        c, x = ops[:nc], ops[nc:nc + nx]
+        t = ops[nc + nx:]
+        outs = run(fwd, *c, *x)
+        y, r = outs[:ny], outs[ny:]
+        if rule is None:
+            t_y = [jnp.zeros(a.shape, a.dtype) for a in y_t_avals]
+        else:
+            t_y = bind_linear_rule(rule, [*c, *(x if keep_x else ()), *r, *t])
+        return [*y, *t_y]
+
+    jaxpr, consts, _ = jx.trace_flat(jvp, [*c_avals, *x_avals, *tc_avals, *tx_avals],
+                                     f"{info.name}_jvp")
+    if consts:
+        raise RuntimeError(f"vjp-to-jvp: the jvp rule of '{info.name}' captured "
+                           f"{len(consts)} constants")
+    return region_from_closed_jaxpr(jx.ClosedJaxpr(jaxpr, []))
+
+
+def _closed(fn, avals, name):
+    jaxpr, consts, _ = jx.trace_flat(fn, avals, name)
+    if consts:
+        raise RuntimeError(f"vjp-to-jvp: {name} captured {len(consts)} constants")
+    return jx.ClosedJaxpr(jaxpr, [])
