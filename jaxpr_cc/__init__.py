@@ -1,15 +1,59 @@
 """jaxpr-cc: a jaxpr-level source-transformation compiler for JAX.
 
-Pipeline: ``frontend`` (trace Python / take ClosedJaxprs) -> ``ir`` (graph IR on
-networkx) -> ``passes`` -> ``backends`` (jaxpr, Python source, XLA executables).
+Pipeline: ``frontend`` (trace Python / take ClosedJaxprs) -> ``closure`` (custom
+rules made first-order) -> ``ir`` (graph IR on networkx) -> ``passes`` ->
+``backends`` (jaxprs, Python source, XLA executables); ``io`` saves programs.
+
+The public names are loaded on first use, so ``import jaxpr_cc`` (and the CLI, and
+the pytest plugin) does not import libcst, XLA backends or the file format until
+they are needed.
 """
-from .closure import ClosedOverError, ClosureConversionError, RuleDepthError
-from .closure.api import closure_convert
-from .frontend.trace import trace
-from .ir.program import Program
-from .ir.verifier import VerificationError
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["ClosedOverError", "ClosureConversionError", "Program", "RuleDepthError",
-           "VerificationError", "closure_convert", "trace", "__version__"]
+# public name -> (module, attribute)
+_EXPORTS = {
+    "trace": ("jaxpr_cc.frontend.trace", "trace"),
+    "Program": ("jaxpr_cc.ir.program", "Program"),
+    "VerificationError": ("jaxpr_cc.ir.verifier", "VerificationError"),
+    "closure_convert": ("jaxpr_cc.closure.api", "closure_convert"),
+    "ClosedOverError": ("jaxpr_cc.closure.errors", "ClosedOverError"),
+    "ClosureConversionError": ("jaxpr_cc.closure.errors", "ClosureConversionError"),
+    "RuleDepthError": ("jaxpr_cc.closure.errors", "RuleDepthError"),
+    "register_pass": ("jaxpr_cc.passes.base", "register_pass"),
+    "run_passes": ("jaxpr_cc.passes.manager", "run_passes"),
+    "PassManager": ("jaxpr_cc.passes.manager", "PassManager"),
+    "PassError": ("jaxpr_cc.passes.manager", "PassError"),
+    "PipelineError": ("jaxpr_cc.passes.pipeline", "PipelineError"),
+    "DEFAULT_PIPELINE": ("jaxpr_cc.passes", "DEFAULT_PIPELINE"),
+    "compile": ("jaxpr_cc.backends.xla", "compile"),
+    "Executable": ("jaxpr_cc.backends.xla", "Executable"),
+    "emit_python": ("jaxpr_cc.backends.python_source", "emit_python"),
+    "write_python": ("jaxpr_cc.backends.python_source", "write_python"),
+    "PythonEmitError": ("jaxpr_cc.backends.python_source", "PythonEmitError"),
+    "jit": ("jaxpr_cc.jit_function", "jit"),
+    "save": ("jaxpr_cc.io", "save"),
+    "load": ("jaxpr_cc.io", "load"),
+    "LoadError": ("jaxpr_cc.io", "LoadError"),
+    "SaveError": ("jaxpr_cc.io", "SaveError"),
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'jaxpr_cc' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -154,7 +154,24 @@ def _module_name(path: pathlib.Path) -> str:
     return f"{_MODULE_PREFIX}.{stem}"
 
 
+# Each program file is imported once per process (again only if it changed): classes
+# it defines, such as namedtuples in its pytrees, must be the same objects for every
+# suite that loads the corpus, or their tree structures would not compare equal.
+_MODULES: dict[pathlib.Path, tuple[tuple[int, int], types.ModuleType]] = {}
+
+
 def _import_file(path: pathlib.Path) -> types.ModuleType:
+    st = path.stat()
+    stamp = (st.st_mtime_ns, st.st_size)
+    hit = _MODULES.get(path)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    module = _exec_file(path)
+    _MODULES[path] = (stamp, module)
+    return module
+
+
+def _exec_file(path: pathlib.Path) -> types.ModuleType:
     name = _module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import jaxref
+import jaxpr_cc.passes  # noqa: F401  (registers the linear_call batching rule: SUPPORTS assumes it)
 from jaxpr_cc import corpus
 from jaxpr_cc.corpus import CorpusError, TAG_VOCABULARY
 
