@@ -330,3 +330,9 @@ def rule_of(eqn_params: dict, prim_name: str):
 
 
 del partial
+
+
+# Rebuilt rules bind linear_call, which JAX 0.10.2 cannot batch (and whose jvp and
+# transpose rules assert things custom_jvp tangents violate): jaxpr-cc's rules for it
+# are registered whenever rules can be re-bound.
+jx.register_linear_call_batching()

@@ -99,18 +99,21 @@ class TraceSession:
     # --------------------------------------------------------- custom_vjp
     def call_custom_vjp(self, cvjp, args, kwargs):
         args = jx.resolve_kwargs(cvjp.fun, args, kwargs)
-        nondiff = tuple(cvjp.nondiff_argnums)
+        return self._call_custom("vjp", cvjp, list(args), self._materialize_vjp)
+
+    def _call_custom(self, kind, custom, args, materialize):
+        """Bind a call of a custom function through its (cached) first-order rule."""
+        nondiff = tuple(custom.nondiff_argnums)
         static = [args[i] for i in nondiff]
         dyn = [a for i, a in enumerate(args) if i not in nondiff]
         flat, in_tree = tree_util.tree_flatten(dyn)
         avals = tuple(jx.typeof(x) for x in flat)
-        key = ("vjp", id(cvjp), tuple(self._static_key(s) for s in static), in_tree, avals,
-               min(self.level(cvjp), self.rule_depth))
-        self.keepalive.append(cvjp)
+        key = (kind, id(custom), tuple(self._static_key(s) for s in static), in_tree, avals,
+               min(self.level(custom), self.rule_depth))
+        self.keepalive.append(custom)
         hit = self.cache.get(key)
         if hit is None:
-            hit = self.cache[key] = self._materialize_vjp(cvjp, static, nondiff, in_tree, avals,
-                                                          len(args))
+            hit = self.cache[key] = materialize(custom, static, nondiff, in_tree, avals, len(args))
         rule, consts, out_tree, g = hit
         outs = g(*consts, *flat)
         return tree_util.tree_unflatten(out_tree, outs)
@@ -204,20 +207,7 @@ class TraceSession:
         # As JAX does: no derivative flows through non-differentiable arguments.
         args = [tree_util.tree_map(_stop_gradient_arrays, a) if i in nondiff else a
                 for i, a in enumerate(args)]
-        static = [args[i] for i in nondiff]
-        dyn = [a for i, a in enumerate(args) if i not in nondiff]
-        flat, in_tree = tree_util.tree_flatten(dyn)
-        avals = tuple(jx.typeof(x) for x in flat)
-        key = ("jvp", id(cjvp), tuple(self._static_key(s) for s in static), in_tree, avals,
-               min(self.level(cjvp), self.rule_depth))
-        self.keepalive.append(cjvp)
-        hit = self.cache.get(key)
-        if hit is None:
-            hit = self.cache[key] = self._materialize_jvp(cjvp, static, nondiff, in_tree, avals,
-                                                          len(args))
-        rule, consts, out_tree, g = hit
-        outs = g(*consts, *flat)
-        return tree_util.tree_unflatten(out_tree, outs)
+        return self._call_custom("jvp", cjvp, args, self._materialize_jvp)
 
     def _materialize_jvp(self, cjvp, static, nondiff, in_tree, avals, n_args):
         self.rules_traced += 1
