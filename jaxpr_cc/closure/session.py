@@ -124,17 +124,23 @@ class TraceSession:
             full.append(next(s) if i in nondiff else next(d))
         return full
 
-    def _materialize_vjp(self, cvjp, static, nondiff, in_tree, avals, n_args):
-        self.rules_traced += 1
+    def _trace_primal(self, custom, static, nondiff, n_args, in_tree, avals, label):
+        """The custom function's primal as a jaxpr with its closure lifted to inputs;
+        returns ``(jaxpr, consts, out_avals, out_tree)``."""
         out_store = {}
 
         def primal_flat(*xs):
-            out = cvjp.fun(*self._merge(static, nondiff, n_args, tree_util.tree_unflatten(in_tree, xs)))
+            out = custom.fun(*self._merge(static, nondiff, n_args, tree_util.tree_unflatten(in_tree, xs)))
             leaves, out_store["tree"] = tree_util.tree_flatten(out)
             return leaves
 
-        p_jaxpr, p_consts, out_avals = jx.trace_flat(primal_flat, avals, "custom_vjp primal")
-        out_tree = out_store["tree"]
+        jaxpr, consts, out_avals = jx.trace_flat(primal_flat, avals, label)
+        return jaxpr, consts, out_avals, out_store["tree"]
+
+    def _materialize_vjp(self, cvjp, static, nondiff, in_tree, avals, n_args):
+        self.rules_traced += 1
+        p_jaxpr, p_consts, out_avals, out_tree = self._trace_primal(
+            cvjp, static, nondiff, n_args, in_tree, avals, "custom_vjp primal")
         truncated = self.truncated(cvjp)
         f_jaxpr = b_jaxpr = None
         f_consts: list = []
@@ -211,15 +217,8 @@ class TraceSession:
 
     def _materialize_jvp(self, cjvp, static, nondiff, in_tree, avals, n_args):
         self.rules_traced += 1
-        out_store = {}
-
-        def primal_flat(*xs):
-            out = cjvp.fun(*self._merge(static, nondiff, n_args, tree_util.tree_unflatten(in_tree, xs)))
-            leaves, out_store["tree"] = tree_util.tree_flatten(out)
-            return leaves
-
-        p_jaxpr, p_consts, out_avals = jx.trace_flat(primal_flat, avals, "custom_jvp primal")
-        out_tree = out_store["tree"]
+        p_jaxpr, p_consts, out_avals, out_tree = self._trace_primal(
+            cjvp, static, nondiff, n_args, in_tree, avals, "custom_jvp primal")
         truncated = self.truncated(cjvp)
         j_jaxpr, j_consts = None, []
         if not truncated:
