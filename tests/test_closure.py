@@ -1,4 +1,5 @@
 """Closure conversion: first-order rules, the user's rules kept, closed-over values."""
+import itertools
 from functools import partial
 
 import jax
@@ -289,14 +290,16 @@ def test_rules_in_control_flow_gradients_match_jax():
 
 
 def test_identical_rules_are_traced_once():
-    calls = {"fwd": 0}
+    # The trace counter is opaque to the rule fingerprint (an object without
+    # attributes), so nothing the rules read changes between the 50 calls.
+    traces = itertools.count()
 
     @jax.custom_vjp
     def f(x):
         return jnp.sin(x)
 
     def f_fwd(x):
-        calls["fwd"] += 1
+        next(traces)
         return jnp.sin(x), jnp.cos(x)
 
     f.defvjp(f_fwd, lambda c, ct: (c * ct,))
@@ -307,9 +310,9 @@ def test_identical_rules_are_traced_once():
         return x
 
     p = first_order(many, jnp.ones(3))
-    assert calls["fwd"] == 1
+    assert next(traces) == 1
     ours = jax.grad(lambda v: p(v).sum())(jnp.ones(3))
-    assert calls["fwd"] == 1  # gradients use the materialized rule
+    assert next(traces) == 2  # gradients use the materialized rule
     np.testing.assert_allclose(ours, jax.grad(lambda v: many(v).sum())(jnp.ones(3)), rtol=1e-6)
     assert sum(1 for _, e in p.body.walk() if e.prim.name == "custom_vjp_call") >= 50
 

@@ -7,8 +7,9 @@ closes over — constants and tracers of the enclosing traces — are lifted to 
 leading operands; and the call is re-bound through a first-order rule
 (``rules.build_*``), which JAX stages as an ordinary custom equation.
 
-Rules are cached by (custom function, static arguments, argument types, level), so
-1,000 calls of the same function trace its rules once.  A rule whose own body calls
+Rules are cached by (custom function, a fingerprint of everything its rules and static
+arguments can read, argument types, level), so 1,000 calls of the same function trace
+its rules once, and a call whose closed-over values differ traces its own.  A rule whose own body calls
 the same custom function (the tutorial's ``fixed_point`` calls itself in its fwd and
 bwd, with a new function at every level; JAX's ``logaddexp`` jvp calls
 ``logaddexp``) would unfold forever if every level were traced eagerly, so a custom
@@ -31,6 +32,7 @@ from jax.custom_derivatives import CustomVJPPrimal
 from .. import jax_adapter as jx
 from . import naming
 from .errors import ClosureConversionError
+from .fingerprint import fingerprint
 from .rules import (CLOSED_OVER_MODES, JVPRule, LinearRule, RuleInfo, VJPRule, bind_linear_rule,
                     build_custom_jvp, build_custom_vjp, is_inexact)
 
@@ -80,17 +82,6 @@ class TraceSession:
         finally:
             self.active[id(fn_key)] -= 1
 
-    def _static_key(self, value: Any) -> Any:
-        if isinstance(value, (jax.Array, np.ndarray, jx.Tracer)):
-            self.keepalive.append(value)
-            return ("id", id(value))
-        try:
-            hash(value)
-        except TypeError:
-            self.keepalive.append(value)
-            return ("id", id(value))
-        return ("v", type(value), value)
-
     def info(self, fn, consts, roots) -> RuleInfo:
         return RuleInfo(name=naming.name_of(fn), source=naming.source_of(fn),
                         const_names=naming.const_names(consts, roots),
@@ -108,12 +99,16 @@ class TraceSession:
         dyn = [a for i, a in enumerate(args) if i not in nondiff]
         flat, in_tree = tree_util.tree_flatten(dyn)
         avals = tuple(jx.typeof(x) for x in flat)
-        key = (kind, id(custom), tuple(self._static_key(s) for s in static), in_tree, avals,
-               min(self.level(custom), self.rule_depth))
+        # Reuse needs the same rule *and* the same closed-over values: the fingerprint
+        # covers everything the rules and the static arguments can read.
+        seen = fingerprint((_rule_functions(kind, custom), static), self.keepalive)
+        key = (kind, id(custom), seen, in_tree, avals, min(self.level(custom), self.rule_depth))
         self.keepalive.append(custom)
-        hit = self.cache.get(key)
+        hit = self.cache.get(key) if seen is not None else None
         if hit is None:
-            hit = self.cache[key] = materialize(custom, static, nondiff, in_tree, avals, len(args))
+            hit = materialize(custom, static, nondiff, in_tree, avals, len(args))
+            if seen is not None:
+                self.cache[key] = hit
         rule, consts, out_tree, g = hit
         outs = g(*consts, *flat)
         return tree_util.tree_unflatten(out_tree, outs)
@@ -294,6 +289,13 @@ class TraceSession:
 
 
 _LINEAR_CALL = object()  # linear_call transposes share one recursion counter
+
+
+def _rule_functions(kind: str, custom) -> tuple:
+    """The user's Python functions that define a custom function's primal and rules."""
+    if kind == "vjp":
+        return (custom.fun, custom.fwd, custom.bwd)
+    return (custom.fun, custom.jvp)
 
 
 def _stop_gradient_arrays(x):
