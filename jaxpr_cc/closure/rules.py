@@ -162,38 +162,71 @@ class _Saved:
 
 def _forward_const_cotangents(call, consts, args, hot, cts, out_avals):
     """Cotangents of the perturbed closed-over values by forward mode: one jvp per
-    element (vmapped), contracted with the output cotangents.  Works through
-    while_loop, where reverse mode does not."""
-    hot_vals = [consts[i] for i in hot]
-    sizes = [int(np.prod(jnp.shape(v))) for v in hot_vals]
-    n = sum(sizes)
+    real direction of each value (vmapped), paired with the output cotangents.
+    Works through while_loop, where reverse mode does not.
 
-    def f(*hv):
-        full = list(consts)
-        for i, v in zip(hot, hv):
+    JAX pairs a cotangent with a tangent by ``Re(sum(ct * t))`` (no conjugate), so a
+    complex value ``v`` has two directions per element, ``1`` and ``1j``, and its
+    cotangent is ``pair(1) - 1j * pair(1j)``.  Each value's pairings accumulate in
+    its own real dtype (float64 under ``jax_enable_x64``).
+    """
+    out = []
+    for i in hot:
+        value = consts[i]
+        shape, dtype = jnp.shape(value), jnp.result_type(value)
+        real_dtype = jnp.finfo(dtype).dtype
+        n = int(np.prod(shape))
+
+        def f(v, i=i):
+            full = list(consts)
             full[i] = v
-        return run(call, *full, *args)
+            return run(call, *full, *args)
 
-    def column(e):
-        tangents, off = [], 0
-        for v, s in zip(hot_vals, sizes):
-            tangents.append(e[off:off + s].reshape(jnp.shape(v)).astype(jnp.result_type(v)))
-            off += s
-        _, t_out = jax.jvp(f, tuple(hot_vals), tuple(tangents))
-        total = jnp.zeros((), jnp.float32)
-        for t, ct, a in zip(t_out, cts, out_avals):
-            if is_inexact(a):
-                total = total + jnp.sum(jnp.real(t * jnp.conj(ct)) if jnp.iscomplexobj(t)
-                                        else t * ct).astype(jnp.float32)
-        return total
+        def pair(tangent, f=f, value=value, real_dtype=real_dtype):
+            _, t_out = jax.jvp(f, (value,), (tangent,))
+            total = jnp.zeros((), real_dtype)
+            for t, ct, a in zip(t_out, cts, out_avals):
+                if is_inexact(a) and ct is not None:
+                    total = total + jnp.real(jnp.sum(t * ct)).astype(real_dtype)
+            return total
 
-    basis = jnp.eye(n, dtype=jnp.float32)
-    flat = jax.vmap(column)(basis)
-    out, off = [], 0
-    for v, s in zip(hot_vals, sizes):
-        out.append(flat[off:off + s].reshape(jnp.shape(v)).astype(jnp.result_type(v)))
-        off += s
+        eye = jnp.eye(n, dtype=real_dtype).reshape((n, *shape))
+        if jnp.issubdtype(dtype, jnp.complexfloating):
+            basis = jnp.concatenate([eye.astype(dtype), (1j * eye).astype(dtype)])
+            pairs = jax.vmap(pair)(basis)
+            ct_value = pairs[:n] - 1j * pairs[n:].astype(dtype)
+        else:
+            ct_value = jax.vmap(pair)(eye.astype(dtype))
+        out.append(ct_value.reshape(shape).astype(dtype))
     return out
+
+
+def _jacobian_tangents(f, values, tangents, out_avals):
+    """``jvp(f, values, tangents)[1]`` as ``J @ t``: the Jacobian's columns by forward
+    mode (one per real direction; complex values have ``1`` and ``1j`` per element),
+    contracted with the real and imaginary parts of the tangents."""
+    extra = [jnp.zeros(a.shape, a.dtype) if is_inexact(a) else None for a in out_avals]
+    for k, (value, tangent) in enumerate(zip(values, tangents)):
+        shape, dtype = jnp.shape(value), jnp.result_type(value)
+        real_dtype = jnp.finfo(dtype).dtype
+        n = int(np.prod(shape))
+        eye = jnp.eye(n, dtype=real_dtype).reshape((n, *shape))
+
+        def column(direction, k=k):
+            probe = [jnp.zeros_like(v) for v in values]
+            probe[k] = direction
+            return jax.jvp(f, tuple(values), tuple(probe))[1]
+
+        t = jnp.asarray(tangent).reshape(n)
+        parts = [(eye.astype(dtype), jnp.real(t))]
+        if jnp.issubdtype(dtype, jnp.complexfloating):
+            parts.append(((1j * eye).astype(dtype), jnp.imag(t)))
+        for basis, weights in parts:
+            columns = jax.vmap(column)(basis)
+            for j, (col, a) in enumerate(zip(columns, out_avals)):
+                if is_inexact(a):
+                    extra[j] = extra[j] + jnp.tensordot(weights.astype(col.dtype), col, axes=1)
+    return extra
 
 
 def build_custom_vjp(rule: VJPRule):
@@ -241,7 +274,7 @@ def build_custom_vjp(rule: VJPRule):
                 const_cts[i] = got[i]
         elif mode == "forward":
             got = _forward_const_cotangents(rule.call, list(saved.consts), list(saved.args), hot,
-                                            [c if c is not None else 0 for c in cts], out_avals)
+                                            cts, out_avals)
             for i, v in zip(hot, got):
                 const_cts[i] = v
         return tuple(const_cts + arg_cts)
@@ -286,8 +319,17 @@ def build_custom_jvp(rule: JVPRule):
                 for i, v in zip(hot, hv):
                     full[i] = v
                 return run(rule.call, *full, *args)
-            _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
-                               tuple(t_consts[i] for i in hot))
+            hot_size = sum(int(np.prod(const_avals[i].shape)) for i in hot)
+            if info.reverse_ok or hot_size > info.max_forward_size:
+                _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
+                                   tuple(t_consts[i] for i in hot))
+            else:
+                # A jvp through the primal's while_loop cannot be transposed, so
+                # grad would fail: form the Jacobian columns by forward mode from the
+                # primals alone, and apply them to the tangents with a contraction,
+                # which is linear and transposable.
+                extra = _jacobian_tangents(f, [consts[i] for i in hot],
+                                           [t_consts[i] for i in hot], out_avals)
             t_outs = [t + e if is_inexact(a) else t for t, e, a in zip(t_outs, extra, out_avals)]
         return list(outs), t_outs
 
