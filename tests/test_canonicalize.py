@@ -72,8 +72,8 @@ def assert_bitwise(ours, ref, where: str) -> None:
 def corpus_variants(name: str):
     prog = next(p for p in CORPUS if p.name == name)
     program = jaxpr_cc.trace(functools.partial(prog.fun, **prog.kwargs), *prog.args)
-    # verify_each (the default) checks the program after every pass
-    return program, {p: PassManager(p).run(program) for p in PASSES}
+    # verify_each: the program is checked in full after every pass
+    return program, {p: PassManager(p, verify_each=True).run(program) for p in PASSES}
 
 
 def _transformed(prog, name, fns):

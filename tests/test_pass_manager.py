@@ -274,11 +274,12 @@ def test_callbacks_see_each_pass(prog):
                     ("dce", n - 2, n - 4, {"equations-removed": 2})]
 
 
-def test_verify_each_rejects_invalid_input(prog):
+@pytest.mark.parametrize("verify_each", [True, False])
+def test_invalid_input_is_rejected(prog, verify_each):
     bad = prog.copy()
     bad.body.invars.pop()  # the body no longer matches in_tree
     with pytest.raises(jaxpr_cc.VerificationError, match="input program is invalid"):
-        run_passes(bad, "dce")
+        run_passes(bad, "dce", verify_each=verify_each)
 
 
 # ------------------------------------------------------------ reproducers
@@ -329,15 +330,16 @@ def test_crash_writes_a_reproducer(prog, tmp_path, scratch_passes):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp files
 
 
-def test_invalid_result_is_reported_with_a_reproducer(prog, tmp_path, scratch_passes):
+@pytest.mark.parametrize("verify_each", [True, False])
+def test_invalid_result_is_reported_with_a_reproducer(prog, tmp_path, scratch_passes, verify_each):
+    # By default the result is checked once at the end and the pipeline replayed to
+    # name the pass at fault; verify_each checks after every pass.
     scratch_passes("test-break", _breaking_pass())
     with pytest.raises(PassError, match=r"pass 'test-break' failed: produced an invalid program: "
                                         r".*outputs but out_tree.*reproduce with: jaxpr-cc opt .* "
-                                        r"-p 'test-break'"):
-        run_passes(prog, "dce,test-break", reproducer_dir=str(tmp_path))
-    # Without verification the broken program goes through.
-    broken = run_passes(prog, "test-break", verify_each=False)
-    assert len(broken.body.outvars) == 2
+                                        r"-p 'test-break,cse'"):
+        run_passes(prog, "dce,test-break,cse", reproducer_dir=str(tmp_path),
+                   verify_each=verify_each)
 
 
 def test_pass_returning_none_is_an_error(prog, tmp_path, scratch_passes):

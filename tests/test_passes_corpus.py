@@ -39,8 +39,8 @@ def variants(name: str):
     program = jaxpr_cc.trace(functools.partial(prog.fun, **prog.kwargs), *prog.args)
     out = {}
     for pipeline in PIPELINES + HEAVY_PIPELINES:
-        # verify_each (the default) checks the program after every pass.
-        out[pipeline] = PassManager(pipeline).run(program)
+        # verify_each: the program is checked in full after every pass.
+        out[pipeline] = PassManager(pipeline, verify_each=True).run(program)
     return program, out
 
 

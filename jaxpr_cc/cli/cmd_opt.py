@@ -37,8 +37,10 @@ def register(sub) -> None:
                    help="print the IR after every pass that changed it")
     p.add_argument("--timing", action="store_true", help="print a table of wall time per pass")
     p.add_argument("--statistics", action="store_true", help="print what each pass did")
-    p.add_argument("--verify-each", action=argparse.BooleanOptionalAction, default=True,
-                   help="verify the program after every pass (default: on)")
+    p.add_argument("--verify-each", action=argparse.BooleanOptionalAction, default=False,
+                   help="verify the input and the program after every pass in full, JAX's type "
+                        "checker included (default: off; the result is always checked "
+                        "structurally)")
     p.add_argument("--reproducer-dir", metavar="DIR",
                    help="where to write crash reproducers (default: a jaxpr-cc-reproducers "
                         "directory in the system temp directory)")

@@ -1,8 +1,12 @@
 """Running pipelines: ``PassManager``, ``run_passes``, instrumentation, crash reproducers.
 
 The manager copies the caller's program once; the passes then work in place on
-that copy, so the caller's program is never changed.  Between passes it can
-verify the program (``verify_each``, on by default), print the IR before/after
+that copy, so the caller's program is never changed.  By default the input and the
+result are checked structurally, once each (a full check costs about as much as
+tracing the program again); when the result's check fails, the pipeline is
+replayed with a check after every pass to name the pass at fault.  With
+``verify_each`` (``mlir-opt --verify-each``) the input and every pass's result are
+checked in full, JAX's own type checker included.  It can also print the IR before/after
 chosen passes (or all, or only those that changed it), time each pass, collect
 each pass's statistics, and call user callbacks.
 
@@ -24,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TextIO
 
-from ..ir.verifier import VerificationError
+from ..ir.verifier import VerificationError, verify_program
 from .base import Pass, PassContext
 from .pipeline import Pipeline, as_pipeline
 
@@ -66,7 +70,7 @@ class PassManager:
     After a run, ``timings`` and ``statistics`` hold per-pass results.
     """
 
-    def __init__(self, pipeline, *, verify_each: bool = True,
+    def __init__(self, pipeline, *, verify_each: bool = False,
                  print_ir_before: Sequence[str] | str = (), print_ir_after: Sequence[str] | str = (),
                  print_ir_after_all: bool = False, print_ir_after_change: bool = False,
                  timing: bool = False, statistics: bool = False, stream: TextIO | None = None,
@@ -85,6 +89,7 @@ class PassManager:
         self.reproducer_dir = reproducer_dir
         self.callbacks = tuple(callbacks)
         self.records: list[PassRecord] = []
+        self.final_verify_seconds = 0.0  # the end-of-pipeline check (without verify_each)
 
     def __repr__(self) -> str:
         return f"PassManager({str(self.pipeline)!r})"
@@ -109,12 +114,12 @@ class PassManager:
         program as it was when the failing pass started changing it.
         """
         self.records = []
+        self.final_verify_seconds = 0.0
         out = self._stream()
-        if self.verify_each:
-            try:
-                program.verify()
-            except VerificationError as e:
-                raise VerificationError(f"input program is invalid: {e}") from None
+        try:  # in full with verify_each; else its structure (which copying relies on)
+            verify_program(program, types=self.verify_each)
+        except VerificationError as e:
+            raise VerificationError(f"input program is invalid: {e}") from None
         gc_was_enabled = gc.isenabled()
         # Passes allocate many small objects while a large IR graph is alive; the
         # cyclic collector would otherwise rescan that graph over and over.
@@ -127,11 +132,37 @@ class PassManager:
         finally:
             if gc_was_enabled:
                 gc.enable()
+        if not self.verify_each:
+            t0 = time.perf_counter()
+            self._verify_result(work, program if copy else None)
+            self.final_verify_seconds = time.perf_counter() - t0
         if self.timing:
             out.write(self.timing_report())
         if self.show_statistics:
             out.write(self.statistics_report())
         return work
+
+    def _verify_result(self, result, original) -> None:
+        """The cheap end-of-pipeline check; on failure, find the pass that broke it."""
+        try:
+            verify_program(result, types=False)
+            return
+        except VerificationError as e:
+            error = e
+        if original is not None:
+            replay = original.copy()
+            for index, pass_ in enumerate(self.pipeline):
+                replay = pass_.run(replay, PassContext())
+                try:
+                    verify_program(replay, types=False)
+                except VerificationError as e:
+                    raise self._failure(index, pass_, replay, original, e,
+                                        f"produced an invalid program: {e}") from e
+        if not len(self.pipeline):
+            raise VerificationError(f"input program is invalid: {error}") from None
+        last = len(self.pipeline) - 1
+        raise self._failure(last, self.pipeline[last], result, original, error,
+                            f"the pipeline produced an invalid program: {error}") from error
 
     def _stream(self) -> TextIO:
         return self.stream if self.stream is not None else sys.stderr
@@ -182,7 +213,7 @@ class PassManager:
     # ------------------------------------------------------------- reports
     def timing_report(self) -> str:
         passes = sum(r.seconds for r in self.records)
-        verify = sum(r.verify_seconds for r in self.records)
+        verify = sum(r.verify_seconds for r in self.records) + self.final_verify_seconds
         total = passes + verify or 1e-12
         width = max([len(str(r.pass_)) for r in self.records] + [len("(verification)")])
         lines = ["===" + "-" * (width + 24) + "===",
@@ -191,8 +222,7 @@ class PassManager:
                  f"  {'wall s':>9}  {'share':>6}  pass"]
         for r in self.records:
             lines.append(f"  {r.seconds:9.4f}  {100 * r.seconds / total:5.1f}%  {r.pass_}")
-        if self.verify_each:
-            lines.append(f"  {verify:9.4f}  {100 * verify / total:5.1f}%  (verification)")
+        lines.append(f"  {verify:9.4f}  {100 * verify / total:5.1f}%  (verification)")
         lines.append(f"  {total:9.4f}  100.0%  total")
         return "\n".join(lines) + "\n"
 
