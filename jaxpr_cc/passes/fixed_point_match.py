@@ -346,21 +346,25 @@ def _transfer(eqn, tags: list[_Tag], atoms) -> list[_Tag]:
 def _body_seeds(body, body_n: int, kinds: list[str]) -> dict:
     """The body's new iterates (``new``) and update steps ``x_{k+1} = x_k +- s``
     (``s`` is the change, a ``diff``)."""
-    seeds: dict = {}
+    steps: dict = {}
+    news: dict = {}
     carries = body.invars[body_n:]
     producer = {v: e for e in body.eqns for v in e.outvars}
     for i, out in enumerate(body.outvars):
         if kinds[i] != STATE or isinstance(out, jx.Literal):
             continue
         mine = frozenset({i})
-        seeds[out] = _Tag("new", mine)
+        news.setdefault(out, _Tag("new", mine))
         eqn = producer.get(out)
         if eqn is not None and eqn.primitive.name in ("add", "sub") and len(eqn.invars) == 2:
             a, b = eqn.invars
             if a is carries[i] and not isinstance(b, jx.Literal):
-                seeds.setdefault(b, _Tag("diff", mine))
+                steps.setdefault(b, _Tag("diff", mine))
             elif b is carries[i] and eqn.primitive.name == "add" and not isinstance(a, jx.Literal):
-                seeds.setdefault(a, _Tag("diff", mine))
+                steps.setdefault(a, _Tag("diff", mine))
+    # A step that is also carried (to test it) is the change, not a new iterate.
+    seeds = dict(news)
+    seeds.update(steps)
     return seeds
 
 

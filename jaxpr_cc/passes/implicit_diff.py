@@ -16,7 +16,9 @@ JAX differentiates that rule in every mode: forward mode (``jax.jvp``,
 ``(I - df/dx)^T w = ct`` -- so reverse mode stores no iterates (memory independent
 of the iteration count) and works where JAX refuses to differentiate a
 while_loop; higher derivatives differentiate the solve implicitly (never through
-solver iterations) and, up to ``depth``, the fixed point through the rule.
+solver iterations) and, up to order ``depth`` (default 3), the fixed point
+through the rule; beyond it, forward mode differentiates the loop's iterations
+and reverse mode fails as it does on any while_loop.
 Tangents reach every value the loop reads: body constants (closed-over values
 included) and invariant carries.  The initial guess and the condition's
 constants (tolerances) get zero tangents (the fixed point does not depend on
@@ -39,7 +41,8 @@ dimension.  ``loops=0,2`` or ``loops=name``
 selects loops by position (pre-order over the program, nested regions
 included) or by the name of the Python function the loop was traced in; a
 selected loop is rewritten even when its condition is not a convergence test
-(the user vouches that it converges).
+(the user vouches that it converges).  ``depth`` is the number of derivative
+orders that are implicit (the levels of the rule).
 
 This changes derivatives on purpose: the implicit derivative is that of the
 exact fixed point, not of the finite sequence of iterates the loop computed.
@@ -81,7 +84,7 @@ class ImplicitDiff(Pass):
     tol: float = 1e-6
     dense_max_size: int = 64
     restart: int = 20
-    depth: int = 2
+    depth: int = 3
 
     def __post_init__(self):
         if self.max_iter < 1:
