@@ -636,6 +636,8 @@ def _linear_call_transpose(cts, *args, callee, transpose_thunk, num_callee_const
     n_lead = num_callee_consts + num_res
     lin = args[n_lead:]
     known = [not _lc_ad.is_undefined_primal(x) for x in lin]
+    if _refuses_forward_mode(callee):
+        return _reverse_only_transpose(cts, args, known, transpose_thunk, n_lead, num_res)
     if not any(known):
         return _JAX_LINEAR_CALL_TRANSPOSE(cts, *args, **params)
     # A known linear operand only adds a constant to the result: it gets no
@@ -671,3 +673,84 @@ def source_summary(source_info) -> str:
     if source_info is None:
         return ""
     return _source_info_util.summarize(source_info)
+
+
+# --- forward mode refused by a reverse-only rule (passes/vjp_to_jvp.py) --------
+# A custom_vjp rule whose bwd is not linear in its cotangent has no forward-mode
+# derivative.  vjp-to-jvp keeps such a rule reverse-only: its tangent is
+# ``linear_call(callee=refusal, transpose=bwd)``, where the refusal is this
+# primitive.  Staging it is fine (reverse mode transposes the linear_call and never
+# runs the callee); evaluating or compiling it -- forward mode -- raises ``message``.
+# Params are plain data (a string, shapes, dtypes) so that programs holding it can
+# be saved.
+forward_mode_refused_p = Primitive("jaxpr_cc_forward_mode_refused")
+forward_mode_refused_p.multiple_results = True
+
+
+class ForwardModeRefusedError(TypeError):
+    """Forward-mode differentiation reached a rule that only has a reverse mode."""
+
+
+def _refused_avals(out_shapes, out_dtypes):
+    return [ShapedArray(tuple(s), d) for s, d in zip(out_shapes, out_dtypes)]
+
+
+def _refused_raise(*_, message, **__):
+    raise ForwardModeRefusedError(message)
+
+
+def _refused_lowering(ctx, *_, message, **__):
+    raise ForwardModeRefusedError(message)
+
+
+def _refused_batcher(args, dims, *, message, out_shapes, out_dtypes):
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    shapes = tuple((size,) + tuple(s) for s in out_shapes)
+    outs = forward_mode_refused_p.bind(*args, message=message, out_shapes=shapes,
+                                       out_dtypes=out_dtypes)
+    return outs, [0] * len(outs)
+
+
+def _refused_jvp(primals, tangents, **params):
+    outs = forward_mode_refused_p.bind(*primals, **params)
+    dense = [_lc_ad.instantiate_zeros(t) for t in tangents]
+    return outs, forward_mode_refused_p.bind(*dense, **params)
+
+
+def _register_forward_mode_refused() -> None:
+    from jax._src.interpreters import mlir as _mlir
+    forward_mode_refused_p.def_impl(_refused_raise)
+    forward_mode_refused_p.def_abstract_eval(
+        lambda *_, out_shapes, out_dtypes, **__: _refused_avals(out_shapes, out_dtypes))
+    _mlir.register_lowering(forward_mode_refused_p, _refused_lowering)
+    _lc_batching.primitive_batchers[forward_mode_refused_p] = _refused_batcher
+    _lc_ad.primitive_jvps[forward_mode_refused_p] = _refused_jvp
+
+
+_register_forward_mode_refused()
+
+
+def refuse_forward_mode(operands, out_avals, message: str):
+    """Outputs of ``out_avals`` that raise ``message`` when evaluated or compiled."""
+    import numpy as _np
+    return forward_mode_refused_p.bind(
+        *operands, message=str(message), out_shapes=tuple(tuple(a.shape) for a in out_avals),
+        out_dtypes=tuple(_np.dtype(a.dtype) for a in out_avals))
+
+
+def _refuses_forward_mode(callee) -> bool:
+    return any(e.primitive is forward_mode_refused_p for e in callee.jaxpr.eqns)
+
+
+def _reverse_only_transpose(cts, args, known, transpose_thunk, n_lead: int, num_res: int):
+    """The transpose of a reverse-only rule's ``linear_call``: its bwd applied as a
+    plain function (JAX's own transpose would bind another ``linear_call`` that
+    treats bwd as linear, so that differentiating the gradient would transpose or
+    push tangents through bwd as if it were linear -- wrong for a nonlinear bwd).
+    Outer transformations then differentiate bwd like any code, as they do the
+    bwd of a custom_vjp."""
+    transpose, t_consts = transpose_thunk()
+    res = args[n_lead - num_res:n_lead]
+    cts = [_lc_ad.instantiate_zeros(ct) for ct in cts]
+    out = _core.eval_jaxpr(transpose.jaxpr, transpose.consts, *t_consts, *res, *cts)
+    return [None] * n_lead + [None if k else c for c, k in zip(out, known)]

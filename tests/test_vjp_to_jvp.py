@@ -102,7 +102,7 @@ def test_corpus_rules_with_nonlinear_bwd_are_rejected(name):
     program = jaxpr_cc.trace(fun, *prog.args)
     before = str(program)
     with pytest.raises(PassError) as info:
-        run_passes(program, "vjp-to-jvp")
+        run_passes(program, "vjp-to-jvp{untransposable=error}")
     message = str(info.value)
     assert NOT_LINEAR[name] in message and "\n" not in message
     rule = next(e for _, e in program.body.walk() if e.prim.name == "custom_vjp_call").params
@@ -320,7 +320,7 @@ def test_error_names_the_rule_and_the_equation(fn, fragment):
     x = jnp.ones(3, jnp.float32)
     program = jaxpr_cc.trace(fn, x)
     with pytest.raises(NotTransposableError) as info:
-        VjpToJvp().run(program.copy(), jaxpr_cc.passes.PassContext())
+        VjpToJvp(untransposable="error").run(program.copy(), jaxpr_cc.passes.PassContext())
     message = str(info.value)
     assert fragment in message and f"rule '{fn.__name__}'" in message
     assert "test_vjp_to_jvp.py" in message and "\n" not in message
@@ -363,7 +363,7 @@ def test_zoo_rules_that_are_linear_in_the_cotangent():
 def test_zoo_rules_that_are_not_and_the_primal_fallback(fn, arg, reason, derivative):
     program = jaxpr_cc.trace(fn, arg)
     with pytest.raises(PassError, match=reason):
-        run_passes(program, "vjp-to-jvp")
+        run_passes(program, "vjp-to-jvp{untransposable=error}")
     new = run_passes(program, "vjp-to-jvp{untransposable=primal}")
     np.testing.assert_allclose(float(jax.jacfwd(new)(arg)), derivative(float(arg)), rtol=2e-4)
     assert_trees_equal(jax.grad(new)(arg), jax.grad(program)(arg), exact=False,

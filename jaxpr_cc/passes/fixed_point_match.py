@@ -1,4 +1,4 @@
-"""Recognizing ``while`` loops that iterate a map to a fixed point.
+"""Recognizing ``while`` loops that iterate a map to a fixed point, and proving it.
 
 A loop matches when its carries split into
 
@@ -11,9 +11,16 @@ A loop matches when its carries split into
   value is unused (a convergence gap the condition tests),
 
 the state update ``f`` reads only the body's constants, the state and the
-invariant carries (not a counter, not a previous iterate), and the condition
-reads the state or a previous iterate (a convergence test; a loop whose
-condition only counts is a fixed-length loop, not a solve, unless forced).
+invariant carries (not a counter, not a previous iterate), and the exit test is
+the convergence of every state carry: the loop runs while the change
+``x_(k+1) - x_k`` between successive iterates (taken from a previous-iterate carry,
+or computed by the body and carried as a gap, or the step ``s`` of an update
+``x <- x + s``) has a size above a tolerance, optionally also while an iteration
+counter is below a cap (``convergence_test``).  A loop that runs while the
+iterate itself passes a test (explicit time stepping ``while t < T``, a growth
+loop ``while x < 10``) or while a counter does is not a fixed-point solve: it is
+left alone unless forced.  Carries holding the convergence gap are auxiliary:
+at the fixed point they are zero whatever the parameters are.
 ``theta`` -- what the fixed point depends on -- is the body constants and the
 invariant carries that ``f`` reads.
 """
@@ -115,6 +122,20 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
     cond_closed = region_to_closed_jaxpr(cond)
     if body_closed.consts or cond_closed.consts:
         return "the loop body or condition carries constants of its own"
+    gaps: set[int] = set()
+    test = convergence_test(cond_closed.jaxpr, cond_n, body_closed.jaxpr, body_n, kinds, copies)
+    if isinstance(test, str):
+        if not forced:
+            return test
+        covered = set(state)
+    else:
+        covered, gaps = test
+    # A carry holding the convergence gap (|x_(k+1) - x_k|, or the step itself) is
+    # zero at the fixed point whatever theta is: it is auxiliary, not iterated.
+    for i in gaps:
+        if kinds[i] == STATE:
+            kinds[i] = AUXILIARY
+    state = [i for i, k in enumerate(kinds) if k == STATE]
     if result_used is None:
         result_used = [True] * m
     while True:
@@ -128,6 +149,12 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
         state = [i for i in state if i not in aux]
     if not state:
         return "no loop result depends on a floating-point carry the iteration updates"
+    missing = [i for i in state if i not in covered]
+    if missing:
+        which = ", ".join(f"{i} ({carries[i].aval.str_short()})" for i in missing)
+        return (f"the exit test checks the convergence of carr{'y' if len(covered) == 1 else 'ies'} "
+                f"{', '.join(map(str, sorted(covered))) or 'none'} but not of carr"
+                f"{'y' if len(missing) == 1 else 'ies'} {which}, which the iteration also updates")
     f_inputs: list[tuple[str, int]] = []
     for k, used in enumerate(used_in):
         if not used:
@@ -141,13 +168,256 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
                    f"an iteration counter"
         if kinds[i] == PREVIOUS:
             return f"the update of the iterate reads carry {i}, the previous iterate"
+        if kinds[i] == AUXILIARY:
+            return f"the update of the iterate reads carry {i}, the convergence gap"
         f_inputs.append(("carry", i))
 
-    _, cond_used = jx.dce_jaxpr(cond_closed.jaxpr, [True])
-    tests_iterate = any(cond_used[cond_n + i] and kinds[i] in (STATE, PREVIOUS, AUXILIARY)
-                        for i in range(m))
-    if not tests_iterate and not forced:
-        return ("the loop condition does not test the iterates (a counted loop, not a fixed-point "
-                "iteration); select it with implicit-diff{loops=...} if it converges anyway")
     return FixedPointLoop(eqn=eqn, cond_n=cond_n, body_n=body_n, kinds=kinds, copies=copies,
                           state=state, f_jaxpr=f_jaxpr, f_inputs=f_inputs)
+
+
+# ------------------------------------------------------ the convergence test
+# The exit test is read by a small abstract interpretation of the condition
+# (and, for a convergence gap the body computes and carries, of the body).
+# Each value gets a tag saying how it relates to the change of the iterate
+# between two successive iterations:
+#
+#   fixed   -- reads only constants and counters (an iteration cap, a tolerance)
+#   iterate -- reads the iterates' values, not their change (a relative tolerance)
+#   new/old -- a state carry's current / previous value (``carries`` = which)
+#   diff    -- a signed, elementwise change ``x_{k+1} - x_k`` (possibly scaled)
+#   measure -- a nonnegative size of that change (|d|, d^2, max, sum, norm)
+#   big     -- a boolean whose falsehood means the carries have converged, or
+#              an iteration cap (a ``fixed`` conjunct) stopped the loop
+#   small   -- a boolean whose truth means the carries have converged, or a cap
+#   bad     -- the change is used in a way that proves nothing (``why`` says how)
+#
+# The loop is a fixed-point solve when the condition's result is ``big`` for
+# every state carry.
+@dataclass(frozen=True)
+class _Tag:
+    kind: str
+    carries: frozenset = frozenset()
+    why: str = ""
+
+
+_FIXED, _ITERATE = _Tag("fixed"), _Tag("iterate")
+_SHAPE_OPS = ("convert_element_type", "reshape", "squeeze", "expand_dims", "broadcast_in_dim",
+              "copy", "copy_p", "transpose", "neg", "real")
+_REDUCE_MEASURE = ("reduce_max", "reduce_sum", "argmax")
+_CALL_PARAMS = ("jaxpr", "call_jaxpr")
+_FLIP = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "eq": "eq", "ne": "ne"}
+
+
+def _bad(why: str) -> _Tag:
+    return _Tag("bad", why=why)
+
+
+def _sub_jaxpr(eqn):
+    for key in _CALL_PARAMS:
+        sub = eqn.params.get(key)
+        if sub is not None:
+            return getattr(sub, "jaxpr", sub)
+    return None
+
+
+def _interpret(jaxpr, in_tags: Sequence[_Tag], seeds: dict | None = None) -> list[_Tag]:
+    """Tags of ``jaxpr``'s outputs; ``seeds`` (var -> tag) override what an
+    equation computes (the body's new iterates and steps)."""
+    seeds = seeds or {}
+    env: dict = {}
+    def seeded(v, t: _Tag) -> _Tag:
+        # A seed names what a plain value is; a value already seen to be a
+        # change or a test of it (a gap the body carries) keeps that meaning.
+        seed = seeds.get(v)
+        return seed if seed is not None and t.kind in ("fixed", "iterate", "new", "old") else t
+
+    for v, t in zip(jaxpr.invars, in_tags):
+        env[v] = seeded(v, t)
+
+    def read(atom) -> _Tag:
+        return _FIXED if isinstance(atom, jx.Literal) else env.get(atom, _FIXED)
+
+    for eqn in jaxpr.eqns:
+        outs = _transfer(eqn, [read(a) for a in eqn.invars], eqn.invars)
+        for v, t in zip(eqn.outvars, outs):
+            env[v] = seeded(v, t)
+    return [read(a) for a in jaxpr.outvars]
+
+
+def _plain(tags: Sequence[_Tag]) -> _Tag:
+    """The tag of an operation that does not look at the change specially."""
+    for t in tags:
+        if t.kind == "bad":
+            return t
+    return _ITERATE if any(t.kind != "fixed" for t in tags) else _FIXED
+
+
+def _transfer(eqn, tags: list[_Tag], atoms) -> list[_Tag]:
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    sub = _sub_jaxpr(eqn)
+    if sub is not None and len(sub.invars) == len(tags):
+        return _interpret(sub, tags)
+    kinds = [t.kind for t in tags]
+    special = [t for t in tags if t.kind not in ("fixed", "iterate", "new", "old")]
+    if not special:
+        if name in ("sub", "ne", "eq") and len(tags) == 2 and {kinds[0], kinds[1]} == {"new", "old"} \
+                and tags[0].carries == tags[1].carries:
+            kind = {"sub": "diff", "ne": "big", "eq": "small"}[name]
+            return [_Tag(kind, tags[0].carries)]
+        if name in _SHAPE_OPS and kinds[0] in ("new", "old") and len(tags) == 1:
+            return [tags[0]]
+        return [_plain(tags)] * n_out
+    bad = next((t for t in tags if t.kind == "bad"), None)
+    if bad is not None:
+        return [bad] * n_out
+    one = special[0]
+    others = [t for t in tags if t is not one]
+    union = frozenset().union(*(t.carries for t in special))
+    what = f"'{name}' of the change of the iterate"
+
+    def free(ts):
+        return all(t.kind in ("fixed", "iterate", "new", "old") for t in ts)
+
+    if one.kind == "diff":
+        if name in _SHAPE_OPS and len(tags) == 1:
+            return [one]
+        if name in ("mul", "div") and len(special) == 1 and free(others) and \
+                (name == "mul" or tags[0] is one):
+            return [one]  # a scaled change (a relative change)
+        if name in ("abs", "sqrt") or (name == "integer_pow" and eqn.params["y"] % 2 == 0
+                                       and eqn.params["y"] > 0) or name == "square":
+            return [_Tag("measure", one.carries)] if name != "sqrt" else [_bad(what)]
+        if name in ("mul", "dot_general") and len(tags) == 2 and atoms[0] is atoms[1]:
+            return [_Tag("measure", one.carries)]
+        if name in ("ne",) and all(t.kind in ("diff", "fixed") for t in tags):
+            return [_Tag("big", one.carries)]
+        return [_bad(what + " (not a size of it)")]
+    if one.kind == "measure":
+        if all(t.kind == "measure" for t in special) and len(special) == len(tags) and \
+                name in ("max", "add"):
+            return [_Tag("measure", union)]
+        if len(special) == 1:
+            if name in _SHAPE_OPS + _REDUCE_MEASURE + ("abs", "sqrt", "square") and len(tags) == 1:
+                return [one]
+            if name == "integer_pow" and eqn.params["y"] > 0:
+                return [one]
+            if name in ("mul", "div") and free(others) and (name == "mul" or tags[0] is one):
+                return [one]
+            if name == "pow" and tags[0] is one and free(others):
+                return [one]
+            if name in _FLIP and len(tags) == 2 and free(others):
+                op = name if tags[0] is one else _FLIP[name]
+                if op in ("gt", "ge", "ne"):
+                    return [_Tag("big", one.carries)]
+                if op in ("lt", "le"):
+                    return [_Tag("small", one.carries)]
+        return [_bad(f"'{name}' of the size of the change of the iterate")]
+    if one.kind in ("big", "small"):
+        if name == "not" and len(tags) == 1:
+            return [_Tag("small" if one.kind == "big" else "big", one.carries)]
+        if name in _SHAPE_OPS and len(tags) == 1:
+            return [one]
+        if name in ("reduce_or", "reduce_and") and len(tags) == 1:
+            ok = (name == "reduce_or") == (one.kind == "big")
+            return [one if ok else _bad(f"'{name}' of a per-element convergence test "
+                                        f"(the loop would stop when some elements converge)")]
+        if name in ("and", "or") and len(tags) == 2:
+            # big: false => converged (or a cap); small: true => converged (or a cap).
+            a, b = tags
+            joint = name == "and"
+            strong = "small" if joint else "big"  # and of small / or of big: either suffices
+            if a.kind == b.kind == one.kind:
+                if one.kind == strong:
+                    return [_Tag(one.kind, a.carries | b.carries)]
+                return [_Tag(one.kind, a.carries & b.carries)]
+            other = b if a is one else a
+            if other.kind not in ("fixed", "iterate"):
+                return [_bad(f"'{name}' of a convergence test and its opposite")]
+            if one.kind == strong or other.kind == "fixed":
+                return [one]  # a cap on counters and constants, or a test that only adds iterations
+            return [_bad(f"the loop can also stop on a test of the iterate's values ('{name}'), "
+                         f"not only on its convergence or an iteration cap")]
+        return [_bad(f"'{name}' of a convergence test")]
+    return [_bad(what)]
+
+
+def _body_seeds(body, body_n: int, kinds: list[str]) -> dict:
+    """The body's new iterates (``new``) and update steps ``x_{k+1} = x_k +- s``
+    (``s`` is the change, a ``diff``)."""
+    steps: dict = {}
+    news: dict = {}
+    carries = body.invars[body_n:]
+    producer = {v: e for e in body.eqns for v in e.outvars}
+    for i, out in enumerate(body.outvars):
+        if kinds[i] != STATE or isinstance(out, jx.Literal):
+            continue
+        mine = frozenset({i})
+        news.setdefault(out, _Tag("new", mine))
+        eqn = producer.get(out)
+        if eqn is not None and eqn.primitive.name in ("add", "sub") and len(eqn.invars) == 2:
+            a, b = eqn.invars
+            if a is carries[i] and not isinstance(b, jx.Literal):
+                steps.setdefault(b, _Tag("diff", mine))
+            elif b is carries[i] and eqn.primitive.name == "add" and not isinstance(a, jx.Literal):
+                steps.setdefault(a, _Tag("diff", mine))
+    # A step that is also carried (to test it) is the change, not a new iterate.
+    seeds = dict(news)
+    seeds.update(steps)
+    return seeds
+
+
+def _carry_tags(kinds, copies) -> list[_Tag]:
+    tags = []
+    for i, kind in enumerate(kinds):
+        if kind == STATE:
+            tags.append(_Tag("new", frozenset({i})))
+        elif kind == PREVIOUS:
+            tags.append(_Tag("old", frozenset({copies[i]})))
+        elif kind in (COUNTER, INVARIANT):
+            tags.append(_FIXED)
+        else:
+            tags.append(_ITERATE)
+    return tags
+
+
+def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
+                     copies: dict[int, int]) -> tuple[set[int], set[int]] | str:
+    """``(covered, gaps)``: the state carries whose convergence the exit test
+    checks, and the carries that hold a convergence gap the body computes; or a
+    one-line reason the condition is not a convergence test."""
+    m = len(kinds)
+    carry_in = _carry_tags(kinds, copies)
+    body_in = [_FIXED] * body_n + [_Tag("old", frozenset({i})) if k == STATE else
+                                   (_FIXED if k in (COUNTER, INVARIANT) else _ITERATE)
+                                   for i, k in enumerate(kinds)]
+    body_out = _interpret(body, body_in, _body_seeds(body, body_n, kinds))
+    gaps: set[int] = set()
+    cond_in = list(carry_in)
+    for i, t in enumerate(body_out):
+        if t.kind in ("diff", "measure", "big", "small") and kinds[i] not in (INVARIANT, PREVIOUS):
+            gaps.add(i)
+            cond_in[i] = t
+    (result,) = _interpret(cond, [_FIXED] * cond_n + cond_in)
+    if result.kind == "bad":
+        return f"the exit test is not a convergence test: {result.why}"
+    if result.kind == "small":
+        return "the loop runs while the iterate's change is small (the opposite of a convergence test)"
+    if result.kind != "big":
+        reads = _cond_reads(cond, cond_n, m)
+        floats = [i for i in reads if kinds[i] not in (COUNTER, INVARIANT)]
+        if not floats:
+            what = "only iteration counters and constants (a counted loop)"
+        else:
+            what = ("the value of carr" + ("y " if len(floats) == 1 else "ies ") +
+                    ", ".join(str(i) for i in floats) + ", not its change between iterations "
+                    "(like 'while t < T' or 'while x < 10', which are not fixed-point solves)")
+        return (f"the exit test is not a convergence test |x_(k+1) - x_k| > tol: the condition "
+                f"tests {what}")
+    return set(result.carries), gaps
+
+
+def _cond_reads(cond, cond_n: int, m: int) -> list[int]:
+    _, used = jx.dce_jaxpr(cond, [True])
+    return [i for i in range(m) if used[cond_n + i]]

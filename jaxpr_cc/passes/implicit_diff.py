@@ -1,42 +1,48 @@
 """``implicit-diff``: differentiate fixed-point loops by the implicit function theorem.
 
-A ``while`` loop that iterates ``x <- f(theta, x)`` until a convergence test
-stops it (see ``fixed_point_match`` for the carry layouts recognised) is
-replaced by a first-order ``custom_vjp_call``:
+A ``while`` loop that iterates ``x <- f(theta, x)`` and whose exit test is the
+convergence of the iterate (see ``fixed_point_match``: the change
+``|x_(k+1) - x_k|`` against a tolerance, with or without an iteration cap) is
+replaced by a first-order ``custom_jvp_call``:
 
-* primal / fwd: the original loop, unchanged (fwd also saves ``theta`` and the
-  fixed point ``x*`` -- no iterates, so reverse mode uses memory independent of
-  the iteration count, and works where JAX refuses to differentiate a while_loop);
-* bwd: solve the adjoint equation ``w = ct + (df/dx)^T w`` at ``x*``, then
-  ``ct_theta = (df/dtheta)^T w``.  Cotangents reach every value the loop reads:
-  body constants (closed-over values included) and invariant carries.  The
-  initial guess gets a zero cotangent (the fixed point does not depend on it);
-  a "previous iterate" carry, equal to ``x*`` at convergence, passes its
-  cotangent to ``x*``.
+* primal: the original loop, unchanged;
+* jvp rule: the fixed point ``x*`` (computed by the same rule one level down,
+  ``depth`` levels, the innermost running the plain loop), and its tangent by the
+  implicit function theorem, ``(I - df/dx) t_x = df/dtheta . t_theta`` at ``x*``,
+  solved with ``lax.custom_linear_solve``.
 
-The adjoint solve is a ``lax.custom_linear_solve`` of ``(I - J^T) w = ct``
-(``J = df/dx`` at ``x*``) whose transpose solve is the forward equation
-``(I - J) u = v``: the bwd is linear in ``ct`` and transposable, so
-``implicit-diff,vjp-to-jvp`` gives forward mode (``jax.jvp``, ``jax.jacfwd``) by
-the implicit function theorem too, and the solve's own derivative is implicit
-(no differentiation through solver iterations).  On its own, ``implicit-diff``
-turns the loop into a custom_vjp, which JAX does not differentiate in forward
-mode.  The rule's fwd computes ``x*`` with the same rule one level down
-(``depth`` levels, the innermost running the plain loop), so reverse-over-reverse
-derivatives up to that order need no stored iterates either.
+JAX differentiates that rule in every mode: forward mode (``jax.jvp``,
+``jax.jacfwd``) runs the solve; reverse mode transposes it -- the adjoint solve
+``(I - df/dx)^T w = ct`` -- so reverse mode stores no iterates (memory independent
+of the iteration count) and works where JAX refuses to differentiate a
+while_loop; higher derivatives differentiate the solve implicitly (never through
+solver iterations) and, up to order ``depth`` (default 3), the fixed point
+through the rule; beyond it, forward mode differentiates the loop's iterations
+and reverse mode fails as it does on any while_loop.
+Tangents reach every value the loop reads: body constants (closed-over values
+included) and invariant carries.  The initial guess and the condition's
+constants (tolerances) get zero tangents (the fixed point does not depend on
+them); a "previous iterate" carry, equal to ``x*`` at convergence, has ``x*``'s
+tangent; a carried convergence gap is zero at the fixed point and has a zero
+tangent.
 
-Options: ``adjoint`` -- ``fixed-point`` (iterate the adjoint map: it contracts
-as fast as the forward map, so it can cost as much as the forward loop),
-``gmres`` or ``bicgstab`` (Krylov solves of ``(I - J^T) w = ct``), ``dense``
+Every other loop -- explicit time stepping ``while t < T``, growth loops
+``while x < 10``, counted loops -- is left alone, and the pass statistics list
+each with the reason.
+
+Options: ``adjoint`` -- the linear solver, used for the tangent and (transposed)
+the adjoint equation: ``fixed-point`` (iterate the linear map: it contracts as
+fast as the forward map, so it can cost as much as the forward loop),
+``gmres`` or ``bicgstab`` (Krylov solves of ``(I - J) t = b``), ``dense``
 (materialize ``J`` and solve; small states) or ``auto`` (dense up to
 ``dense-max-size`` state elements, else bicgstab); ``max-iter`` and ``tol`` bound
 the iterative solvers (relative tolerance), ``restart`` is gmres's Krylov
 dimension.  ``loops=0,2`` or ``loops=name``
 selects loops by position (pre-order over the program, nested regions
 included) or by the name of the Python function the loop was traced in; a
-selected loop is rewritten even when its condition does not test the iterates.
-Loops that do not match are left alone and listed in the pass statistics with
-the reason.
+selected loop is rewritten even when its condition is not a convergence test
+(the user vouches that it converges).  ``depth`` is the number of derivative
+orders that are implicit (the levels of the rule).
 
 This changes derivatives on purpose: the implicit derivative is that of the
 exact fixed point, not of the finite sequence of iterates the loop computed.
@@ -53,7 +59,8 @@ import numpy as np
 from jax import lax
 
 from .. import jax_adapter as jx
-from ..closure.rules import RuleInfo
+from ..backends.jaxpr import region_to_closed_jaxpr
+from ..closure.rules import JVPRule, RuleInfo, build_custom_jvp
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
 from ..ir.equation import Equation
 from ..ir.region import Region
@@ -69,15 +76,15 @@ RULE_PREFIX = "implicit_diff."
 @register_pass("implicit-diff")
 @dataclass(frozen=True)
 class ImplicitDiff(Pass):
-    summary = ("while loops iterating x <- f(theta, x) to a fixed point -> custom_vjp whose bwd "
-               "solves the adjoint equation (implicit function theorem; changes derivatives)")
+    summary = ("while loops iterating x <- f(theta, x) until it converges -> custom_jvp whose "
+               "tangent solves (I - df/dx) t = df/dtheta t_theta (implicit function theorem)")
     loops: tuple[str, ...] = ()      # positions or function names; empty = every matching loop
     adjoint: Literal["auto", "fixed-point", "gmres", "bicgstab", "dense"] = "auto"
     max_iter: int = 1000
     tol: float = 1e-6
     dense_max_size: int = 64
     restart: int = 20
-    depth: int = 2
+    depth: int = 3
 
     def __post_init__(self):
         if self.max_iter < 1:
@@ -148,7 +155,7 @@ def _while_loops(body: Region) -> list[tuple[Region, Equation]]:
         for eqn in region.equations:
             if eqn.prim.name == "while":
                 out.append((region, eqn))
-            if eqn.prim.name == "custom_vjp_call" and \
+            if eqn.prim.name in ("custom_jvp_call", "custom_vjp_call") and \
                     str(eqn.params.get("name", "")).startswith(RULE_PREFIX):
                 continue
             for _, _, sub in eqn.regions():
@@ -185,9 +192,9 @@ def _inexact(aval) -> bool:
 # ------------------------------------------------------------------ rewriting
 def _replace(region: Region, eqn: Equation, loop: FixedPointLoop, options: ImplicitDiff,
              where: str) -> None:
-    params = _custom_vjp_params(eqn, loop, options, where)
+    params = _custom_jvp_params(eqn, loop, options, where)
     outputs = [Value(v.aval, name=v.name) for v in eqn.outputs]
-    new = Equation(jx.custom_vjp_call_p, list(eqn.inputs), outputs, params,
+    new = Equation(jx.custom_jvp_call_p, list(eqn.inputs), outputs, params,
                    eqn.effects, eqn.source_info, eqn.ctx)
     region.insert_before(eqn, new)
     for old, out in zip(eqn.outputs, outputs):
@@ -195,53 +202,49 @@ def _replace(region: Region, eqn: Equation, loop: FixedPointLoop, options: Impli
     region.erase(eqn)
 
 
-def _loop_region(eqn: Equation, extra_outputs, inner_params: dict | None = None) -> Region:
-    """A Region ``(operands) -> (loop results, *extra)``: a copy of the loop (its
-    cond/body Regions shared), or -- with ``inner_params`` -- a custom_vjp_call of
-    the rule one level down.  ``extra_outputs(invars, results)`` picks the extras."""
+def _loop_region(eqn: Equation) -> Region:
+    """A Region ``(operands) -> (loop results)`` holding a copy of the loop (its
+    cond/body Regions shared)."""
     r = Region()
     invars = [r.add_input(a.aval) for a in eqn.inputs]
     results = [Value(v.aval) for v in eqn.outputs]
-    if inner_params is None:
-        inner = Equation(eqn.prim, list(invars), results, dict(eqn.params), eqn.effects,
-                         eqn.source_info, eqn.ctx)
-    else:
-        inner = Equation(jx.custom_vjp_call_p, list(invars), results, dict(inner_params),
-                         eqn.effects, eqn.source_info, eqn.ctx)
-    r.append(inner)
-    r.set_outvars(results + list(extra_outputs(invars, results)))
+    r.append(Equation(eqn.prim, list(invars), results, dict(eqn.params), eqn.effects,
+                      eqn.source_info, eqn.ctx))
+    r.set_outvars(results)
     return r
 
 
-def _custom_vjp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDiff,
+def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDiff,
                        where: str) -> dict:
+    """First-order ``custom_jvp_call`` params: the primal is the loop; the jvp rule
+    computes the fixed point with the rule one level down (the innermost level runs
+    the loop) and its tangent by the implicit function theorem."""
     op_avals = [a.aval for a in eqn.inputs]
-    out_avals = [v.aval for v in eqn.outputs]
-    theta = loop.theta
-    theta_ops = [loop.const_operand(k) if kind == "const" else loop.carry_operand(k)
-                 for kind, k in theta]
-    theta_avals = [op_avals[j] for j in theta_ops]
-    state_avals = [out_avals[i] for i in loop.state]
     name = _function_name(eqn) or "while"
     info = RuleInfo(name=f"{RULE_PREFIX}{name}", source=_short_source(where), const_names=())
-    f_eval = _state_update(loop, theta)
-    solver = _Solver(options, sum(int(np.prod(a.shape)) for a in state_avals))
-    bwd = _bwd_region(info, loop, f_eval, solver, theta_ops, theta_avals, state_avals,
-                      op_avals, out_avals)
-    call = _loop_region(eqn, lambda invars, results: [])
+    call_region = _loop_region(eqn)
+    call = region_to_closed_jaxpr(call_region)
+    state_size = sum(int(np.prod(eqn.outputs[i].aval.shape)) for i in loop.state)
+    tangent = _tangent_map(loop, _Solver(options, state_size), op_avals,
+                           [v.aval for v in eqn.outputs])
+    t_avals = [jx.to_cotangent_aval(a) for a in op_avals if _inexact(a)]
+    primal = functools.partial(jx.eval_jaxpr, call.jaxpr, ())
+    rule = None
+    for level in range(options.depth):
+        def jvp(*args, primal=primal):
+            ops, t_ops = args[:len(op_avals)], args[len(op_avals):]
+            outs = list(primal(*ops))
+            return [*outs, *tangent(list(ops), outs, list(t_ops))]
 
-    def residuals(invars, results):
-        return [invars[j] for j in theta_ops] + [results[i] for i in loop.state]
-
-    params = None
-    for _ in range(options.depth):
-        # Level 1's fwd runs the loop; level k's runs level k-1's rule, so that
-        # differentiating the fwd (reverse over reverse) is implicit as well.
-        params = dict(call_jaxpr=call, fwd_jaxpr=_loop_region(eqn, residuals, params),
-                      bwd_jaxpr=bwd, num_consts=0, num_res=len(theta_avals) + len(state_avals),
-                      symbolic_zeros=False, depth_limit=None, name=info.name, source=info.source,
-                      const_names=(), closed_over="auto", max_forward_size=4096, reverse_ok=True)
-    return params
+        jvp_closed = _closed(jvp, [*op_avals, *t_avals], f"{info.name}_jvp")
+        rule = JVPRule(info=info, call=call, jvp=jvp_closed, num_consts=0)
+        # Level k+1 computes the fixed point with level k's rule, so that its
+        # derivatives (a Hessian, a jvp of a gradient) are implicit as well.
+        primal = build_custom_jvp(rule)
+    return dict(call_jaxpr=call_region, jvp_jaxpr=region_from_closed_jaxpr(rule.jvp),
+                num_consts=0, symbolic_zeros=False, depth_limit=None, name=info.name,
+                source=info.source, const_names=(), closed_over="auto", max_forward_size=4096,
+                reverse_ok=True)
 
 
 def _state_update(loop: FixedPointLoop, theta):
@@ -260,6 +263,59 @@ def _state_update(loop: FixedPointLoop, theta):
         return list(jx.eval_jaxpr(loop.f_jaxpr, (), *ins))
 
     return f
+
+
+def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals):
+    """``tangent(operands, results, operand tangents) -> result tangents`` (inexact
+    ones) by the implicit function theorem at the fixed point ``x* = f(theta, x*)``:
+    ``(I - df/dx) t_x = df/dtheta . t_theta``, solved by ``lax.custom_linear_solve``,
+    which JAX transposes (reverse mode solves ``(I - df/dx)^T w = ct``) and
+    differentiates (the solve's own derivative is another solve, never a
+    differentiation of solver iterations)."""
+    theta = loop.theta
+    theta_ops = [loop.const_operand(k) if kind == "const" else loop.carry_operand(k)
+                 for kind, k in theta]
+    f_eval = _state_update(loop, theta)
+    state_pos = {c: i for i, c in enumerate(loop.state)}
+    hot = [k for k, j in enumerate(theta_ops) if _inexact(op_avals[j])]
+    op_inexact = [_inexact(a) for a in op_avals]
+
+    def tangent(ops, outs, t_ops):
+        it = iter(t_ops)
+        t_of = {j: next(it) for j, inexact in enumerate(op_inexact) if inexact}
+        theta_vals = [ops[j] for j in theta_ops]
+        x_star = [outs[i] for i in loop.state]
+        t_x = None
+        if hot:
+            def through_theta(*hv):
+                full = list(theta_vals)
+                for k, v in zip(hot, hv):
+                    full[k] = v
+                return f_eval(full, x_star)
+
+            _, b = jax.jvp(through_theta, tuple(theta_vals[k] for k in hot),
+                           tuple(t_of[theta_ops[k]] for k in hot))
+            _, f_x = jax.linearize(lambda *xs: f_eval(theta_vals, list(xs)), *x_star)
+
+            def matvec(t):
+                return [ti - ji for ti, ji in zip(t, f_x(*t))]
+
+            t_x = lax.custom_linear_solve(matvec, list(b), solver, solver)
+        result = []
+        for i, aval in enumerate(out_avals):
+            if not _inexact(aval):
+                continue
+            kind = loop.kinds[i]
+            source = loop.copies.get(i, i)
+            if source in state_pos and t_x is not None:
+                result.append(t_x[state_pos[source]])
+            elif kind == INVARIANT:
+                result.append(t_of[loop.carry_operand(i)])
+            else:  # no parameter moves the fixed point; a gap is zero at it
+                result.append(jnp.zeros(aval.shape, aval.dtype))
+        return result
+
+    return tangent
 
 
 class _Solver:
@@ -337,51 +393,3 @@ def _closed(fn, avals, name: str):
     if consts:
         raise RuntimeError(f"implicit-diff: {name} captured {len(consts)} constants")
     return jx.ClosedJaxpr(jaxpr, [])
-
-
-def _bwd_region(info, loop: FixedPointLoop, f_eval, solver: _Solver, theta_ops,
-                theta_avals, state_avals, op_avals, out_avals) -> Region:
-    """bwd: ``(theta, x*, ct of the float results) -> ct of the float operands``."""
-    nt, ns = len(theta_avals), len(state_avals)
-    out_inexact = [_inexact(a) for a in out_avals]
-    ct_avals = [jx.to_cotangent_aval(a) for a, inexact in zip(out_avals, out_inexact) if inexact]
-    state_pos = {c: i for i, c in enumerate(loop.state)}
-    hot = [k for k, a in enumerate(theta_avals) if _inexact(a)]
-
-    def bwd(*args):
-        theta_vals, x_star, cts = list(args[:nt]), list(args[nt:nt + ns]), args[nt + ns:]
-        it = iter(cts)
-        ct_of = {i: next(it) for i, inexact in enumerate(out_inexact) if inexact}
-        ct_x = [ct_of[c] for c in loop.state]
-        for prev, src in loop.copies.items():
-            if prev in ct_of:
-                ct_x[state_pos[src]] = ct_x[state_pos[src]] + ct_of[prev]
-        # Adjoint equation (I - J^T) w = ct_x, J = df/dx at the fixed point.
-        _, pull_x = jax.vjp(lambda *xs: f_eval(theta_vals, list(xs)), *x_star)
-
-        def matvec(w):
-            return [wi - pi for wi, pi in zip(w, pull_x(list(w)))]
-
-        w = lax.custom_linear_solve(matvec, ct_x, solver, solver)
-        ct_ops: dict[int, object] = {}
-
-        def add(j, ct):
-            ct_ops[j] = ct_ops[j] + ct if j in ct_ops else ct
-
-        if hot:
-            def through_theta(*hv):
-                full = list(theta_vals)
-                for k, v in zip(hot, hv):
-                    full[k] = v
-                return f_eval(full, x_star)
-            _, pull_theta = jax.vjp(through_theta, *[theta_vals[k] for k in hot])
-            for k, ct in zip(hot, pull_theta(list(w))):
-                add(theta_ops[k], ct)
-        for i, kind in enumerate(loop.kinds):
-            if kind == INVARIANT and i in ct_of:
-                add(loop.carry_operand(i), ct_of[i])
-        return [ct_ops[j] if j in ct_ops else jnp.zeros(a.shape, a.dtype)
-                for j, a in enumerate(op_avals) if _inexact(a)]
-
-    closed = _closed(bwd, [*theta_avals, *state_avals, *ct_avals], f"{info.name}_bwd")
-    return region_from_closed_jaxpr(closed)

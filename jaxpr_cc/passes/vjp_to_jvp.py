@@ -26,10 +26,17 @@ linear inputs of the ``linear_call``, whose transpose forms their cotangents fro
 forward-mode columns, as the vjp rule did.
 
 A bwd that is not linear in the cotangent (``clip(ct)``, ``sin(ct)``, a while_loop
-over it) has no transpose: the pass raises :class:`~jaxpr_cc.transpose.NotTransposableError`
-naming the rule and the offending equation, and (run through the pass manager)
-leaves the program unchanged.  ``untransposable=skip`` leaves such rules as they
-are instead; ``untransposable=primal`` takes their forward-mode tangent from the
+over it) has no transpose.  By default (``untransposable=reverse-only``) such a rule
+stays reverse-only: reverse mode still runs its bwd, exactly as the custom_vjp did,
+while forward mode through it raises one line naming the rule and the offending
+operation (``can't apply forward-mode autodiff ... through a reverse-only rule:
+the bwd of custom_vjp rule 'f' (f.py:3) is not linear in its cotangent: 'max' is
+not a linear operation ...``); the pass statistics list each such rule with the
+reason, and the pass goes on with the others.  ``untransposable=error`` raises
+:class:`~jaxpr_cc.transpose.NotTransposableError` instead (run through the pass
+manager, the program is left unchanged); ``untransposable=skip`` leaves such rules
+as custom_vjp calls (JAX's own forward-mode error, which names no rule);
+``untransposable=primal`` takes their forward-mode tangent from the
 primal's own jvp (``call_jaxpr`` differentiated in forward mode, through loops
 too) while reverse mode still runs bwd -- the two agree when bwd is the true
 derivative (a fixed-point solver's adjoint iteration), not when bwd changes
@@ -68,7 +75,7 @@ class VjpToJvp(Pass):
     summary = ("custom_vjp -> custom_jvp whose tangent is linear_call(transpose of bwd, bwd): "
                "forward mode through VJP-only functions, reverse mode still runs bwd")
     rules: tuple[str, ...] = ()                      # rule function names; empty = all
-    untransposable: Literal["error", "skip", "primal"] = "error"
+    untransposable: Literal["reverse-only", "error", "skip", "primal"] = "reverse-only"
 
     def run(self, program, ctx: PassContext):
         rewriter = _Rewriter(self, ctx)
@@ -115,18 +122,26 @@ class _Rewriter:
             return
         key = (id(p["call_jaxpr"]), id(p["fwd_jaxpr"]), id(p["bwd_jaxpr"]))
         if key not in self.built:
+            mode = self.options.untransposable
             try:
-                self.built[key] = build_jvp_params(p, untransposable=self.options.untransposable)
+                self.built[key] = build_jvp_params(p, untransposable=mode)
                 self.ctx.count("rules-rewritten")
             except NotTransposableError as e:
-                if self.options.untransposable == "error":
+                if mode == "error":
                     raise NotTransposableError(
                         f"{e}; vjp-to-jvp needs a bwd that is linear in the cotangent "
-                        f"(untransposable=skip leaves such rules as they are, "
+                        f"(untransposable=reverse-only, the default, keeps such rules "
+                        f"reverse-only; untransposable=skip leaves them as they are; "
                         f"untransposable=primal takes forward-mode tangents from the primal)",
                         e.equation, e.reason) from None
-                self.built[key] = None
-                self.ctx.count("rules-skipped-untransposable")
+                if mode != "reverse-only":
+                    self.built[key] = None
+                    self.ctx.count("rules-skipped-untransposable")
+                else:
+                    self.built[key] = build_jvp_params(p, untransposable=mode, refusal=str(e))
+                    self.ctx.count("rules-reverse-only")
+                    self.ctx.count(f"rule '{p.get('name', '?')}' ({p.get('source', '?')}) kept "
+                                   f"reverse-only: {e}")
         new_params = self.built[key]
         if new_params is None:
             return
@@ -142,12 +157,16 @@ class _Rewriter:
 
 
 # ---------------------------------------------------------------- building
-def build_jvp_params(p: dict, *, untransposable: str = "error") -> dict:
+def build_jvp_params(p: dict, *, untransposable: str = "error",
+                     refusal: str | None = None) -> dict:
     """First-order ``custom_jvp_call`` params equivalent to the vjp rule ``p``.
 
     Raises NotTransposableError when bwd is not linear in its cotangent, unless
     ``untransposable='primal'``: then the tangent map is the primal's own jvp
-    (``call_jaxpr`` differentiated in forward mode), still transposed by bwd.
+    (``call_jaxpr`` differentiated in forward mode), still transposed by bwd; or
+    ``refusal`` is given (``untransposable='reverse-only'``): then the tangent map
+    raises a one-line error naming the rule and ``refusal`` (why bwd is not
+    linear) when forward mode evaluates it, and reverse mode runs bwd.
     """
     what = f"the bwd of {_describe(p)}"
     call = region_to_closed_jaxpr(p["call_jaxpr"])
@@ -169,7 +188,9 @@ def build_jvp_params(p: dict, *, untransposable: str = "error") -> dict:
             transposed = transpose_linear(bwd, [False] * (nc + nr) + [True] * n_ct, what=what,
                                           linear_name="its cotangent")
         except NotTransposableError:
-            if untransposable != "primal":
+            if refusal is not None:
+                transposed = _refusing_tangent_map(bwd, nc, nr, refusal)
+            elif untransposable != "primal":
                 raise
     use_primal = transposed is None and n_ct > 0 and bool(bwd.out_avals)
     consts_linear = nc > 0 and _consts_need_forward_columns(p, c_avals)
@@ -182,6 +203,20 @@ def build_jvp_params(p: dict, *, untransposable: str = "error") -> dict:
     if consts_linear:
         params["const_names"] = ()  # the closed-over values are ordinary inputs now
     return params
+
+
+def _refusing_tangent_map(bwd, nc: int, nr: int, why: str):
+    """A jaxpr shaped like bwd's transpose, ``(c, r, t_x) -> t_y``, that raises
+    when evaluated: forward mode through a rule that only has a reverse mode."""
+    t_avals = [jx.to_cotangent_aval(a) for a in bwd.out_avals]
+    out_avals = list(bwd.in_avals[nc + nr:])
+    message = (f"can't apply forward-mode autodiff (jvp, jacfwd) through a reverse-only rule: "
+               f"{why} (vjp-to-jvp kept the rule reverse-only)")
+
+    def refuse(*ops):
+        return list(jx.refuse_forward_mode(list(ops[nc + nr:]), out_avals, message))
+
+    return _closed(refuse, [*bwd.in_avals[:nc + nr], *t_avals], "forward_mode_refused")
 
 
 def _info(p: dict) -> RuleInfo:

@@ -1,0 +1,340 @@
+"""``implicit-diff`` rewrites only convergence loops, and keeps every derivative.
+
+Loops that are not fixed-point solves (time stepping, growth loops) must be left
+alone, with their derivatives equal to JAX's; convergent fixed points must give
+jvp, grad, jacfwd and Hessians equal to float64 references written out here in
+numpy (the implicit function theorem, and central differences of it for second
+derivatives) -- never to the pass's own output.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpr_cc
+from jaxpr_cc.passes.manager import PassManager, run_passes
+
+
+def rewrite_with_stats(fun, *args):
+    pm = PassManager("implicit-diff")
+    program = jaxpr_cc.trace(fun, *args)
+    new = pm.run(program)
+    return program, new, dict(pm.statistics)["implicit-diff"]
+
+
+def reasons(stats) -> str:
+    return " | ".join(k for k in stats if k.startswith("loop "))
+
+
+# ------------------------------------------- loops that are not fixed points
+def euler_decay(k):
+    """Explicit time stepping ``while t < T``: y' = -k y^2 from y(0) = 1 to T = 1."""
+    def keep_going(s):
+        t, _ = s
+        return t < 1.0
+
+    def step(s):
+        t, y = s
+        return t + 0.1, y - 0.1 * k * y * y
+
+    return lax.while_loop(keep_going, step, (jnp.float32(0.0), jnp.float32(1.0)))[1]
+
+
+def growth(a):
+    """``while x < 10: x *= a``."""
+    return lax.while_loop(lambda x: x < 10.0, lambda x: x * a, jnp.float32(1.0))
+
+
+@pytest.mark.parametrize("fun,arg", [(euler_decay, 0.7), (growth, 1.5)])
+def test_time_stepping_and_growth_loops_are_left_alone(fun, arg):
+    arg = jnp.float32(arg)
+    program, new, stats = rewrite_with_stats(fun, arg)
+    assert str(new) == str(program)
+    assert stats["loops-skipped"] == 1 and "loops-rewritten" not in stats
+    why = reasons(stats)
+    assert "not a convergence test" in why and "not its change between iterations" in why
+    assert fun.__name__ in why
+    # JAX's derivative (forward mode: JAX cannot reverse-differentiate a while_loop).
+    want = jax.jacfwd(fun)(arg)
+    assert float(jax.jit(jax.jacfwd(new))(arg)) == float(want)
+    _, t = jax.jvp(new, (arg,), (jnp.float32(1.0),))
+    assert float(t) == float(want)
+
+
+def test_growth_loop_derivative_is_the_iterates_derivative():
+    # 1.5^6 = 11.4 >= 10 after 6 steps: x = a^6, dx/da = 6 a^5 (not an implicit
+    # derivative of any fixed point: x = a x has none but 0).
+    a = jnp.float32(1.5)
+    _, new, _ = rewrite_with_stats(growth, a)
+    np.testing.assert_allclose(float(jax.jacfwd(new)(a)), 6 * 1.5 ** 5, rtol=1e-6)
+
+
+def running_sum_until_converged(theta):
+    """The exit test checks x but the loop also accumulates a running sum."""
+    def keep_going(s):
+        x, prev, _ = s
+        return jnp.max(jnp.abs(x - prev)) > 1e-6
+
+    def step(s):
+        x, _, total = s
+        return 0.5 * jnp.cos(x) + theta, x, total + x
+
+    x, _, total = lax.while_loop(keep_going, step, (theta, theta + 1.0, jnp.zeros_like(theta)))
+    return x, total
+
+
+def converged_or_value_test(theta):
+    """Stops on convergence or when the iterate passes a value: not only a cap."""
+    def keep_going(s):
+        x, prev = s
+        return (jnp.max(jnp.abs(x - prev)) > 1e-6) & (jnp.max(x) < 0.9)
+
+    def step(s):
+        x, _ = s
+        return 0.5 * jnp.cos(x) + theta, x
+
+    return lax.while_loop(keep_going, step, (theta, theta + 1.0))[0]
+
+
+def runs_while_close(theta):
+    """The opposite of a convergence test."""
+    def keep_going(s):
+        x, prev = s
+        return jnp.max(jnp.abs(x - prev)) < 1e-6
+
+    def step(s):
+        x, _ = s
+        return 0.5 * jnp.cos(x) + theta, x
+
+    return lax.while_loop(keep_going, step, (theta, theta))[0]
+
+
+def some_element_converged(theta):
+    """Stops as soon as one element has converged (reduce_and of the 'big' test)."""
+    def keep_going(s):
+        x, prev = s
+        return jnp.all(jnp.abs(x - prev) > 1e-6)
+
+    def step(s):
+        x, _ = s
+        return 0.5 * jnp.cos(x) + theta, x
+
+    return lax.while_loop(keep_going, step, (theta, theta + 1.0))[0]
+
+
+@pytest.mark.parametrize("fun,fragment", [
+    (running_sum_until_converged, "but not of carry 2"),
+    (converged_or_value_test, "not only on its convergence or an iteration cap"),
+    (runs_while_close, "the opposite of a convergence test"),
+    (some_element_converged, "when some elements converge"),
+])
+def test_loops_whose_exit_test_proves_no_convergence_are_left_alone(fun, fragment):
+    theta = jnp.array([0.1, 0.3], jnp.float32)
+    program, new, stats = rewrite_with_stats(fun, theta)
+    assert str(new) == str(program)
+    assert fragment in reasons(stats)
+    assert "\n" not in reasons(stats)
+
+
+# ------------------------------------------------- convergent fixed points
+A_SMALL = (np.random.default_rng(1).normal(size=(6, 6)) * 0.25).astype(np.float32)
+C_SMALL = np.cos(np.arange(6)).astype(np.float32)
+
+
+def fixed_point_f64(theta, a=A_SMALL):
+    x = np.zeros(len(theta))
+    for _ in range(400):
+        x = np.tanh(np.asarray(a, np.float64) @ x + theta)
+    return x
+
+
+def jacobian_f64(theta):
+    """dx*/dtheta = (I - D A)^-1 D, D = diag(1 - x*^2)."""
+    x = fixed_point_f64(np.asarray(theta, np.float64))
+    d = 1.0 - x ** 2
+    return np.linalg.solve(np.eye(len(x)) - d[:, None] * A_SMALL, np.diag(d))
+
+
+def loss_grad_f64(theta):
+    return jacobian_f64(theta).T @ np.asarray(C_SMALL, np.float64)
+
+
+def loss_hessian_f64(theta, eps=1e-5):
+    theta = np.asarray(theta, np.float64)
+    cols = []
+    for i in range(len(theta)):
+        e = np.zeros_like(theta)
+        e[i] = eps
+        cols.append((loss_grad_f64(theta + e) - loss_grad_f64(theta - e)) / (2 * eps))
+    return np.stack(cols, 1)
+
+
+def previous_carry(theta):
+    def keep_going(s):
+        x, prev = s
+        return jnp.max(jnp.abs(x - prev)) > 1e-7
+
+    def step(s):
+        x, _ = s
+        return jnp.tanh(A_SMALL @ x + theta), x
+
+    return lax.while_loop(keep_going, step, (jnp.zeros_like(theta), jnp.ones_like(theta)))[0]
+
+
+def carried_gap_with_cap(theta):
+    def keep_going(s):
+        k, _, gap = s
+        return (gap > 1e-7) & (k < 500)
+
+    def step(s):
+        k, x, _ = s
+        new = jnp.tanh(A_SMALL @ x + theta)
+        return k + 1, new, jnp.sqrt(jnp.sum((new - x) ** 2))
+
+    return lax.while_loop(keep_going, step, (0, jnp.zeros_like(theta), jnp.float32(jnp.inf)))[1]
+
+
+def step_size_test(theta):
+    """x <- x + s with the test on |s| (Newton-style)."""
+    def keep_going(s):
+        _, step = s
+        return jnp.linalg.norm(step) > 1e-7
+
+    def advance(s):
+        x, _ = s
+        step = jnp.tanh(A_SMALL @ x + theta) - x
+        return x + step, step
+
+    return lax.while_loop(keep_going, advance, (jnp.zeros_like(theta), jnp.ones_like(theta)))[0]
+
+
+def not_allclose(theta):
+    def keep_going(s):
+        x, prev = s
+        return ~jnp.allclose(x, prev, rtol=0.0, atol=1e-7)
+
+    def step(s):
+        x, _ = s
+        return jnp.tanh(A_SMALL @ x + theta), x
+
+    return lax.while_loop(keep_going, step, (jnp.zeros_like(theta), jnp.ones_like(theta)))[0]
+
+
+def exact_fixed_point(theta):
+    """Iterate until the float32 iterate stops changing at all."""
+    def keep_going(s):
+        x, prev = s
+        return jnp.any(x != prev)
+
+    def step(s):
+        x, _ = s
+        return jnp.tanh(A_SMALL @ x + theta), x
+
+    return lax.while_loop(keep_going, step, (jnp.zeros_like(theta), jnp.ones_like(theta)))[0]
+
+
+FIXED_POINTS = [previous_carry, carried_gap_with_cap, step_size_test, not_allclose,
+                exact_fixed_point]
+THETA = np.array([0.3, -0.2, 0.5, 0.1, -0.4, 0.25], np.float32)
+
+
+@pytest.mark.parametrize("fun", FIXED_POINTS, ids=lambda f: f.__name__)
+def test_convergent_fixed_points_keep_every_derivative(fun):
+    theta = jnp.asarray(THETA)
+    program, new, stats = rewrite_with_stats(fun, theta)
+    assert stats.get("loops-rewritten") == 1, reasons(stats)
+    np.testing.assert_allclose(np.asarray(new(theta)), fixed_point_f64(THETA), atol=1e-5)
+    direction = jnp.asarray(np.linspace(-1.0, 1.0, 6), jnp.float32)
+
+    def loss(t):
+        return jnp.dot(jnp.asarray(C_SMALL), new(t))
+
+    @jax.jit
+    def everything(t):
+        return dict(jvp=jax.jvp(new, (t,), (direction,))[1], jacfwd=jax.jacfwd(new)(t),
+                    jacrev=jax.jacrev(new)(t), grad=jax.grad(loss)(t),
+                    hessian=jax.hessian(loss)(t),
+                    hessian_rr=jax.jacrev(jax.grad(loss))(t))
+
+    out = everything(theta)
+    jac = jacobian_f64(THETA)
+    np.testing.assert_allclose(np.asarray(out["jvp"]), jac @ np.asarray(direction), rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out["jacfwd"]), jac, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out["jacrev"]), jac, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out["grad"]), loss_grad_f64(THETA), rtol=1e-4,
+                               atol=1e-5)
+    hess = loss_hessian_f64(THETA)
+    np.testing.assert_allclose(np.asarray(out["hessian"]), hess, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(out["hessian_rr"]), hess, rtol=1e-3, atol=1e-4)
+
+
+def test_fixed_point_derivatives_match_jax_through_an_unrolled_float64_iteration():
+    # The other reference: JAX's own derivatives of 300 unrolled iterations,
+    # evaluated in float64 numpy from JAX's float32 jacobian of the same map.
+    theta = jnp.asarray(THETA)
+    _, new, _ = rewrite_with_stats(previous_carry, theta)
+
+    def unrolled(t):
+        return lax.fori_loop(0, 300, lambda _, x: jnp.tanh(A_SMALL @ x + t), jnp.zeros_like(t))
+
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.jacfwd(new))(theta)),
+                               np.asarray(jax.jit(jax.jacrev(unrolled))(theta)), rtol=1e-4,
+                               atol=1e-5)
+
+
+def scalar_fixed_point(b):
+    """x = cos(b x) + b / 2, with an iteration cap and a relative tolerance."""
+    def keep_going(s):
+        k, x, prev = s
+        return (jnp.abs(x - prev) > 1e-7 * (1.0 + jnp.abs(x))) & (k < 200)
+
+    def step(s):
+        k, x, _ = s
+        return k + 1, jnp.cos(b * x) + 0.5 * b, x
+
+    return lax.while_loop(keep_going, step, (0, jnp.float32(0.0), jnp.float32(1.0)))[1]
+
+
+def scalar_reference(b):
+    x = 0.0
+    for _ in range(500):
+        x = np.cos(b * x) + 0.5 * b
+    s = np.sin(b * x)
+    return x, (-s * x + 0.5) / (1.0 + s * b)
+
+
+@pytest.mark.parametrize("b", [0.3, 0.7])
+def test_scalar_fixed_point_to_third_order(b):
+    bf = jnp.float32(b)
+    _, new, stats = rewrite_with_stats(scalar_fixed_point, bf)
+    assert stats.get("loops-rewritten") == 1
+    d1 = scalar_reference(b)[1]
+    eps = 1e-4
+    d2 = (scalar_reference(b + eps)[1] - scalar_reference(b - eps)[1]) / (2 * eps)
+    d3 = (scalar_reference(b + eps)[1] - 2 * d1 + scalar_reference(b - eps)[1]) / eps ** 2
+    got = jax.jit(lambda b: (jax.grad(new)(b), jax.jvp(new, (b,), (1.0,))[1],
+                             jax.grad(jax.grad(new))(b), jax.jacfwd(jax.grad(new))(b),
+                             jax.jacfwd(jax.jacfwd(new))(b),
+                             jax.grad(jax.grad(jax.grad(new)))(b)))(bf)
+    np.testing.assert_allclose([float(got[0]), float(got[1])], [d1, d1], rtol=1e-5)
+    np.testing.assert_allclose([float(g) for g in got[2:5]], [d2] * 3, rtol=1e-3)
+    np.testing.assert_allclose(float(got[5]), d3, rtol=2e-2)
+
+
+def test_vmap_of_grad_and_forward_mode_of_the_rewritten_loop():
+    bs = jnp.array([0.2, 0.5, 0.7], jnp.float32)
+    _, new, _ = rewrite_with_stats(scalar_fixed_point, jnp.float32(0.5))
+    want = [scalar_reference(float(b))[1] for b in bs]
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(jax.grad(new)))(bs)), want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(jax.jacfwd(new)))(bs)), want,
+                               rtol=1e-5)
+
+
+def test_rewrite_is_idempotent_and_programs_are_first_order():
+    theta = jnp.asarray(THETA)
+    _, new, _ = rewrite_with_stats(previous_carry, theta)
+    again = run_passes(new, "implicit-diff")
+    assert str(again) == str(new)
+    assert any(e.prim.name == "custom_jvp_call" for _, e in new.body.walk())
