@@ -754,3 +754,92 @@ def _reverse_only_transpose(cts, args, known, transpose_thunk, n_lead: int, num_
     cts = [_lc_ad.instantiate_zeros(ct) for ct in cts]
     out = _core.eval_jaxpr(transpose.jaxpr, transpose.consts, *t_consts, *res, *cts)
     return [None] * n_lead + [None if k else c for c, k in zip(out, known)]
+
+
+# ---------------------------------------------------------------- perturbation
+# Which arguments of a custom function JAX could ever perturb: a leaf that does not
+# depend on any input of the traces it belongs to (a constant, or the output of
+# stop_gradient or of a primitive whose derivative JAX defines as zero) is never
+# given a tangent, so a rule defined with symbolic_zeros=True sees a SymbolicZero for
+# it.  The walk follows a staged tracer's producing equation back to its frame's
+# inputs; anything it cannot see through counts as perturbable.
+from jax._src import ad_util as _pt_ad_util  # noqa: E402
+from jax._src.interpreters import ad as _pt_ad  # noqa: E402
+from jax._src.interpreters import batching as _pt_batching  # noqa: E402
+import functools as _pt_functools  # noqa: E402
+
+
+def _zero_derivative(prim) -> bool:
+    if prim is _pt_ad_util.stop_gradient_p:
+        return True
+    rule = _pt_ad.primitive_jvps.get(prim)
+    return isinstance(rule, _pt_functools.partial) and rule.func is _pt_ad.zero_jvp
+
+
+class PerturbationOracle:
+    """``oracle(x)``: can JAX's AD ever give ``x`` a tangent?  Memoized per tracer."""
+
+    def __init__(self):
+        self._memo: dict[int, bool] = {}
+        self._keep: list = []
+
+    def __call__(self, x) -> bool:
+        if not isinstance(x, _core.Tracer):
+            return False  # a concrete value: a constant of every trace
+        key = id(x)
+        if key not in self._memo:
+            self._keep.append(x)
+            self._memo[key] = self._walk(x)
+        return self._memo[key]
+
+    def _walk(self, root) -> bool:
+        stack, seen = [root], set()
+        while stack:
+            t = stack.pop()
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            known = self._memo.get(id(t))
+            if known is not None:
+                if known:
+                    return True
+                continue
+            if not isinstance(t, _core.Tracer):
+                continue
+            if isinstance(t, _pt_ad.JVPTracer):
+                if type(t.tangent) is not _pt_ad.Zero:
+                    return True
+                stack.append(t.primal)
+            elif isinstance(t, _pt_batching.BatchTracer):
+                stack.append(t.val)
+            elif isinstance(t, _pe.DynamicJaxprTracer):
+                eqn = t.parent
+                if eqn is None:
+                    frame = t._trace.frame
+                    if any(t.val is v for v in frame.invars):
+                        return True
+                    continue  # a constant of its frame
+                if _zero_derivative(eqn.primitive):
+                    continue
+                stack.extend(eqn.in_tracers)
+            else:
+                return True  # a tracer we cannot see through
+        return False
+
+
+def inside_autodiff() -> bool:
+    """Is the innermost active trace one of JAX's AD traces (jvp, linearize)?  Such
+    a trace runs a custom function's rules at once, while enclosing traces live."""
+    return isinstance(_core.trace_ctx.trace, (_pt_ad.JVPTrace, _pt_ad.LinearizeTrace))
+
+
+def is_autodiff_tracer(x) -> bool:
+    return isinstance(x, (_pt_ad.JVPTracer, _pt_ad.LinearizeTracer))
+
+
+def _refused_transpose(cts, *args, message, **_):
+    raise ForwardModeRefusedError(message)
+
+
+# A refused derivative raises in reverse mode too, where JAX transposes it.
+_pt_ad.primitive_transposes[forward_mode_refused_p] = _refused_transpose

@@ -253,16 +253,18 @@ def build_custom_vjp(rule: VJPRule):
         outs, res = outs_res[:n_out], outs_res[n_out:]
         keep_args = tuple(vals[nc:]) if mode != "none" else ()
         hot = tuple(i for i, p in enumerate(prims[:nc]) if p.perturbed)
-        return list(outs), _Saved((mode, hot), tuple(vals[:nc]), tuple(res), keep_args)
+        args_hot = any(p.perturbed for p in prims[nc:])
+        return list(outs), _Saved((mode, hot, args_hot), tuple(vals[:nc]), tuple(res), keep_args)
 
     def bwd(saved, cts):
-        mode, hot = saved.mode
+        mode, hot, args_hot = saved.mode
         cts = [_dense(c, a.to_cotangent_aval() if hasattr(a, "to_cotangent_aval") else a)
                if is_inexact(a) else None for c, a in zip(cts, out_avals)]
         dense_cts = [c for c in cts if c is not None]
-        arg_cts_inexact = run(rule.bwd, *saved.consts, *saved.res, *dense_cts)
-        it = iter(arg_cts_inexact)
-        arg_cts = [next(it) if is_inexact(a) else None for a in arg_avals]
+        arg_cts: list = [None] * len(arg_avals)
+        if args_hot:  # as in JAX, the user's bwd runs only for perturbed arguments
+            it = iter(run(rule.bwd, *saved.consts, *saved.res, *dense_cts))
+            arg_cts = [next(it) if is_inexact(a) else None for a in arg_avals]
         const_cts: list = [None] * nc
         if mode == "reverse":
             def f(*cs):
@@ -306,11 +308,16 @@ def build_custom_jvp(rule: JVPRule):
             _truncated("jvp", info, rule.depth_limit)
         perturbed = [type(t) is not SymbolicZero for t in t_consts]
         mode = info.const_mode("jvp", perturbed, const_avals)
-        dense = [_dense(t, a) for t, a in zip(t_args, arg_avals) if is_inexact(a)]
-        res = run(rule.jvp, *consts, *args, *dense)
-        outs, t_in = res[:n_out], iter(res[n_out:])
-        t_outs = [next(t_in) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
-                  for a in out_avals]
+        if all(type(t) is SymbolicZero for t in t_args):
+            # As in JAX, the user's rule runs only when an argument is perturbed.
+            outs = run(rule.call, *consts, *args)
+            t_outs = [_zeros(a.to_tangent_aval()) for a in out_avals]
+        else:
+            dense = [_dense(t, a) for t, a in zip(t_args, arg_avals) if is_inexact(a)]
+            res = run(rule.jvp, *consts, *args, *dense)
+            outs, t_in = res[:n_out], iter(res[n_out:])
+            t_outs = [next(t_in) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
+                      for a in out_avals]
         if mode != "none":
             hot = [i for i, p in enumerate(perturbed) if p]
 

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax import tree_util
-from jax.custom_derivatives import CustomVJPPrimal
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from .. import jax_adapter as jx
 from . import naming
@@ -65,6 +65,7 @@ class TraceSession:
         self.cache: dict[Any, Any] = {}
         self.keepalive: list[Any] = []
         self.rules_traced = 0
+        self.perturbable = jx.PerturbationOracle()
 
     # ------------------------------------------------------------ helpers
     def level(self, fn_key) -> int:
@@ -90,7 +91,23 @@ class TraceSession:
     # --------------------------------------------------------- custom_vjp
     def call_custom_vjp(self, cvjp, args, kwargs):
         args = jx.resolve_kwargs(cvjp.fun, args, kwargs)
+        if self._jax_can_run_rules(cvjp, args):
+            return _originals["vjp"](cvjp, *args)
         return self._call_custom("vjp", cvjp, list(args), self._materialize_vjp)
+
+    def _jax_can_run_rules(self, custom, args) -> bool:
+        """Under an AD transformation applied inside the traced function, JAX runs
+        the rules at once, while this trace is live: with its exact semantics
+        (symbolic zeros, bwd run during the backward pass).  JAX fails only when the
+        primal closes over a value that this AD perturbs; such calls are converted."""
+        if not jx.inside_autodiff():
+            return False
+        nondiff = tuple(custom.nondiff_argnums)
+        static = [args[i] for i in nondiff]
+        flat, in_tree = tree_util.tree_flatten([a for i, a in enumerate(args) if i not in nondiff])
+        _, consts, _, _ = self._trace_primal(custom, static, nondiff, len(args), in_tree,
+                                             tuple(jx.typeof(x) for x in flat), "custom primal")
+        return not any(jx.is_autodiff_tracer(c) for c in consts)
 
     def _call_custom(self, kind, custom, args, materialize):
         """Bind a call of a custom function through its (cached) first-order rule."""
@@ -102,11 +119,16 @@ class TraceSession:
         # Reuse needs the same rule *and* the same closed-over values: the fingerprint
         # covers everything the rules and the static arguments can read.
         seen = fingerprint((_rule_functions(kind, custom), static), self.keepalive)
-        key = (kind, id(custom), seen, in_tree, avals, min(self.level(custom), self.rule_depth))
+        # An input JAX could never perturb (a constant, a stop_gradient) gets no
+        # tangent: a rule defined with symbolic_zeros=True sees a SymbolicZero for it,
+        # and a rule none of whose inputs can be perturbed is never run by JAX.
+        perturbed = tuple(is_inexact(a) and self.perturbable(x) for x, a in zip(flat, avals))
+        key = (kind, id(custom), seen, in_tree, avals, perturbed,
+               min(self.level(custom), self.rule_depth))
         self.keepalive.append(custom)
         hit = self.cache.get(key) if seen is not None else None
         if hit is None:
-            hit = materialize(custom, static, nondiff, in_tree, avals, len(args))
+            hit = materialize(custom, static, nondiff, in_tree, avals, len(args), perturbed)
             if seen is not None:
                 self.cache[key] = hit
         rule, consts, out_tree, g = hit
@@ -132,7 +154,7 @@ class TraceSession:
         jaxpr, consts, out_avals = jx.trace_flat(primal_flat, avals, label)
         return jaxpr, consts, out_avals, out_store["tree"]
 
-    def _materialize_vjp(self, cvjp, static, nondiff, in_tree, avals, n_args):
+    def _materialize_vjp(self, cvjp, static, nondiff, in_tree, avals, n_args, perturbed):
         self.rules_traced += 1
         p_jaxpr, p_consts, out_avals, out_tree = self._trace_primal(
             cvjp, static, nondiff, n_args, in_tree, avals, "custom_vjp primal")
@@ -141,12 +163,23 @@ class TraceSession:
         f_consts: list = []
         b_consts: list = []
         num_res = 0
-        if not truncated:
-            with self.inside_rules_of(cvjp):
-                f_jaxpr, f_consts, num_res, res_tree = self._trace_vjp_fwd(
-                    cvjp, static, nondiff, n_args, in_tree, avals, out_tree)
-                b_jaxpr, b_consts = self._trace_vjp_bwd(
-                    cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res, res_tree)
+        if not any(perturbed):
+            f_jaxpr, f_consts, b_jaxpr, b_consts = _unperturbed_vjp(p_jaxpr, p_consts, avals,
+                                                                    out_avals)
+        elif not truncated:
+            try:
+                with self.inside_rules_of(cvjp):
+                    f_jaxpr, f_consts, num_res, res_layout = self._trace_vjp_fwd(
+                        cvjp, static, nondiff, n_args, in_tree, avals, out_tree, perturbed)
+                    b_jaxpr, b_consts = self._trace_vjp_bwd(
+                        cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
+                        res_layout, perturbed)
+            except ClosureConversionError:
+                raise
+            except Exception as e:  # JAX would raise it only when differentiating
+                num_res = 0
+                f_jaxpr, f_consts, b_jaxpr, b_consts = _refusing_vjp(
+                    p_jaxpr, p_consts, avals, out_avals, _rule_error("vjp", cvjp.fwd, e))
         consts = _dedupe(p_consts + f_consts + b_consts)
         n_c = len(consts)
         call = _close(_with_consts(p_jaxpr, p_consts, consts))
@@ -159,13 +192,13 @@ class TraceSession:
                        depth_limit=self.rule_depth if truncated else None)
         return rule, consts, out_tree, build_custom_vjp(rule)
 
-    def _trace_vjp_fwd(self, cvjp, static, nondiff, n_args, in_tree, avals, out_tree):
+    def _trace_vjp_fwd(self, cvjp, static, nondiff, n_args, in_tree, avals, out_tree, perturbed):
         store = {}
 
         def fwd_flat(*xs):
+            if cvjp.symbolic_zeros:
+                xs = [CustomVJPPrimal(x, p) for x, p in zip(xs, perturbed)]
             dyn = tree_util.tree_unflatten(in_tree, xs)
-            if cvjp.symbolic_zeros:  # rules are stored dense: every input perturbed
-                dyn = tree_util.tree_map(lambda x: CustomVJPPrimal(x, True), dyn)
             pair = cvjp.fwd(*self._merge(static, nondiff, n_args, dyn))
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 raise ClosureConversionError(
@@ -177,26 +210,35 @@ class TraceSession:
                 raise ClosureConversionError(
                     f"custom_vjp fwd '{naming.name_of(cvjp.fwd)}' ({naming.source_of(cvjp.fwd)}) "
                     f"returns outputs of structure {tree}, but the function returns {out_tree}")
-            res_leaves, store["res_tree"] = tree_util.tree_flatten(res)
-            store["n_res"] = len(res_leaves)
-            return [*out_leaves, *res_leaves]
+            res_leaves, res_tree = tree_util.tree_flatten(res)
+            # A residual that is not traced (a Python bool, a constant array) reaches
+            # JAX's bwd as that very value, not as a tracer: bwd rules branch on them
+            # (equinox passes its `perturbed` flags this way).  Only traced residuals
+            # are outputs of fwd.
+            traced = [isinstance(r, jx.Tracer) for r in res_leaves]
+            store["res"] = (res_tree, [None if t else r for r, t in zip(res_leaves, traced)])
+            store["n_res"] = sum(traced)
+            return [*out_leaves, *(r for r, t in zip(res_leaves, traced) if t)]
 
         jaxpr, consts, _ = jx.trace_flat(fwd_flat, avals, "custom_vjp fwd")
-        return jaxpr, consts, store["n_res"], store["res_tree"]
+        return jaxpr, consts, store["n_res"], store["res"]
 
     def _trace_vjp_bwd(self, cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
-                       res_tree):
+                       res_layout, perturbed):
         n_out = len(out_avals)
+        res_tree, fixed_res = res_layout
         res_avals = [v.aval for v in f_jaxpr.outvars[n_out:]]
         ct_avals = [a for a in out_avals if is_inexact(a)]
 
         def bwd_flat(*xs):
-            res = tree_util.tree_unflatten(res_tree, xs[:num_res])
+            traced_res = iter(xs[:num_res])
+            res = tree_util.tree_unflatten(
+                res_tree, [next(traced_res) if r is None else r for r in fixed_res])
             it = iter(xs[num_res:])
             cts = [next(it) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
                    for a in out_avals]
             got = cvjp.bwd(*static, res, tree_util.tree_unflatten(out_tree, cts))
-            return _flatten_cotangents(got, in_tree, avals, cvjp)
+            return _flatten_cotangents(got, in_tree, avals, cvjp, perturbed)
 
         jaxpr, consts, _ = jx.trace_flat(bwd_flat, [*res_avals, *ct_avals], "custom_vjp bwd")
         return jaxpr, consts
@@ -204,21 +246,32 @@ class TraceSession:
     # --------------------------------------------------------- custom_jvp
     def call_custom_jvp(self, cjvp, args, kwargs):
         args = jx.resolve_kwargs(cjvp.fun, args, kwargs)
+        if self._jax_can_run_rules(cjvp, args):
+            return _originals["jvp"](cjvp, *args)
         nondiff = tuple(cjvp.nondiff_argnums)
         # As JAX does: no derivative flows through non-differentiable arguments.
         args = [tree_util.tree_map(_stop_gradient_arrays, a) if i in nondiff else a
                 for i, a in enumerate(args)]
         return self._call_custom("jvp", cjvp, args, self._materialize_jvp)
 
-    def _materialize_jvp(self, cjvp, static, nondiff, in_tree, avals, n_args):
+    def _materialize_jvp(self, cjvp, static, nondiff, in_tree, avals, n_args, perturbed):
         self.rules_traced += 1
         p_jaxpr, p_consts, out_avals, out_tree = self._trace_primal(
             cjvp, static, nondiff, n_args, in_tree, avals, "custom_jvp primal")
         truncated = self.truncated(cjvp)
         j_jaxpr, j_consts = None, []
-        if not truncated:
-            with self.inside_rules_of(cjvp):
-                j_jaxpr, j_consts = self._trace_jvp(cjvp, static, in_tree, avals, out_tree, out_avals)
+        if not any(perturbed):
+            j_jaxpr, j_consts = _unperturbed_jvp(p_jaxpr, p_consts, avals, out_avals)
+        elif not truncated:
+            try:
+                with self.inside_rules_of(cjvp):
+                    j_jaxpr, j_consts = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
+                                                        out_avals, perturbed)
+            except ClosureConversionError:
+                raise
+            except Exception as e:  # JAX would raise it only when differentiating
+                j_jaxpr, j_consts = _refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
+                                                  _rule_error("jvp", cjvp.jvp, e))
         consts = _dedupe(p_consts + j_consts)
         call = _close(_with_consts(p_jaxpr, p_consts, consts))
         jvp = _close(_with_consts(j_jaxpr, j_consts, consts)) if j_jaxpr is not None else None
@@ -229,14 +282,18 @@ class TraceSession:
                        depth_limit=self.rule_depth if truncated else None)
         return rule, consts, out_tree, build_custom_jvp(rule)
 
-    def _trace_jvp(self, cjvp, static, in_tree, avals, out_tree, out_avals):
+    def _trace_jvp(self, cjvp, static, in_tree, avals, out_tree, out_avals, perturbed):
         n = len(avals)
         t_avals = [a for a in avals if is_inexact(a)]
 
         def jvp_flat(*xs):
             primals, it = xs[:n], iter(xs[n:])
+            # The layout has a tangent input per inexact leaf; an input JAX never
+            # perturbs gets what JAX would give it instead.
             tangents = [next(it) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
                         for a in avals]
+            tangents = [t if p else _unperturbed_tangent(a, cjvp.symbolic_zeros)
+                        for t, p, a in zip(tangents, perturbed, avals)]
             p = tree_util.tree_unflatten(in_tree, primals)
             t = tree_util.tree_unflatten(in_tree, tangents)
             pair = cjvp.jvp(*static, tuple(p), tuple(t))
@@ -304,7 +361,88 @@ def _stop_gradient_arrays(x):
     return x
 
 
-def _flatten_cotangents(got, in_tree, avals, cvjp):
+def _unperturbed_vjp(p_jaxpr, p_consts, avals, out_avals):
+    """fwd and bwd of a custom_vjp whose arguments JAX can never perturb: JAX never
+    runs the user's rules, so neither do we (they may refuse to run, as equinox's
+    ``nondifferentiable`` does).  fwd is the primal with no residuals; bwd gives zero
+    cotangents.  Derivatives with respect to closed-over values still follow the
+    closed-over policy."""
+    import jax.numpy as jnp
+    def fwd(*xs):
+        return jx.eval_jaxpr(p_jaxpr, [], *p_consts, *xs)
+
+    def bwd(*cts):
+        return [jnp.zeros(a.shape, a.dtype) for a in avals if is_inexact(a)]
+
+    f_jaxpr, f_consts, _ = jx.trace_flat(fwd, avals, "custom_vjp fwd")
+    b_jaxpr, b_consts, _ = jx.trace_flat(bwd, [a for a in out_avals if is_inexact(a)],
+                                         "custom_vjp bwd")
+    return f_jaxpr, f_consts, b_jaxpr, b_consts
+
+
+def _rule_error(kind: str, fn, error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return (f"custom_{kind} rule '{naming.name_of(fn)}' ({naming.source_of(fn)}) raised when it was "
+            f"traced with the arguments JAX could perturb, so differentiating through it fails "
+            f"as in JAX: {type(error).__name__}: {text[:500]}")
+
+
+def _refusing_vjp(p_jaxpr, p_consts, avals, out_avals, message: str):
+    """fwd and bwd of a custom_vjp whose rules raised when traced: fwd is the primal
+    and bwd's cotangents raise ``message`` when evaluated, i.e. only when JAX would
+    run the user's bwd (an argument is perturbed)."""
+    def fwd(*xs):
+        return jx.eval_jaxpr(p_jaxpr, [], *p_consts, *xs)
+
+    def bwd(*cts):
+        return jx.refuse_forward_mode(cts, [a for a in avals if is_inexact(a)], message)
+
+    f_jaxpr, f_consts, _ = jx.trace_flat(fwd, avals, "custom_vjp fwd")
+    b_jaxpr, b_consts, _ = jx.trace_flat(bwd, [a for a in out_avals if is_inexact(a)],
+                                         "custom_vjp bwd")
+    return f_jaxpr, f_consts, b_jaxpr, b_consts
+
+
+def _refusing_jvp(p_jaxpr, p_consts, avals, out_avals, message: str):
+    """The jvp of a custom_jvp whose rule raised when traced: the primal, and
+    tangents that raise ``message`` when evaluated."""
+    n = len(avals)
+
+    def jvp(*xs):
+        outs = jx.eval_jaxpr(p_jaxpr, [], *p_consts, *xs[:n])
+        return [*outs, *jx.refuse_forward_mode(xs[n:], [a for a in out_avals if is_inexact(a)],
+                                               message)]
+
+    j_jaxpr, j_consts, _ = jx.trace_flat(jvp, [*avals, *(a for a in avals if is_inexact(a))],
+                                         "custom_jvp jvp")
+    return j_jaxpr, j_consts
+
+
+def _unperturbed_jvp(p_jaxpr, p_consts, avals, out_avals):
+    """The jvp of a custom_jvp whose arguments JAX can never perturb: the primal and
+    zero tangents (the user's rule is never run, as in JAX)."""
+    import jax.numpy as jnp
+    n = len(avals)
+
+    def jvp(*xs):
+        outs = jx.eval_jaxpr(p_jaxpr, [], *p_consts, *xs[:n])
+        return [*outs, *(jnp.zeros(a.shape, a.dtype) for a in out_avals if is_inexact(a))]
+
+    j_jaxpr, j_consts, _ = jx.trace_flat(jvp, [*avals, *(a for a in avals if is_inexact(a))],
+                                         "custom_jvp jvp")
+    return j_jaxpr, j_consts
+
+
+def _unperturbed_tangent(aval, symbolic: bool):
+    import jax.numpy as jnp
+    if not is_inexact(aval):
+        return np.zeros(aval.shape, jax.dtypes.float0)
+    if symbolic:
+        return SymbolicZero(aval.to_tangent_aval())
+    return jnp.zeros(aval.shape, aval.dtype)
+
+
+def _flatten_cotangents(got, in_tree, avals, cvjp, perturbed):
     """The user's bwd result -> dense cotangents of the inexact argument leaves."""
     import jax.numpy as jnp
     n_args = in_tree.num_leaves
@@ -318,14 +456,15 @@ def _flatten_cotangents(got, in_tree, avals, cvjp):
     flat: list = [None] * n_args
 
     def place(ct, idx_tree):
-        idxs = tree_util.tree_leaves(idx_tree)
+        idxs, structure = tree_util.tree_flatten(idx_tree)
         if ct is None:
             return
-        leaves = tree_util.tree_leaves(ct, is_leaf=lambda x: x is None)
-        if len(leaves) != len(idxs):
+        try:  # None stands for zeros, at a leaf or for a whole subtree
+            leaves = structure.flatten_up_to(ct)
+        except (ValueError, TypeError):
             raise ClosureConversionError(
                 f"custom_vjp bwd '{naming.name_of(cvjp.bwd)}' ({naming.source_of(cvjp.bwd)}) "
-                f"returned cotangents whose structure does not match the arguments")
+                f"returned cotangents whose structure does not match the arguments") from None
         for i, leaf in zip(idxs, leaves):
             flat[i] = leaf
 
@@ -336,9 +475,11 @@ def _flatten_cotangents(got, in_tree, avals, cvjp):
     for ct, d in zip(got, dummy):
         place(ct, d)
     out = []
-    for ct, a in zip(flat, avals):
+    for ct, a, p in zip(flat, avals, perturbed):
         if not is_inexact(a):
             continue
+        if not p:  # JAX drops the cotangent of an input it never perturbed
+            ct = None
         if ct is None or type(ct).__name__ == "SymbolicZero" or (
                 hasattr(ct, "dtype") and ct.dtype == jax.dtypes.float0):
             out.append(jnp.zeros(a.shape, a.dtype))
@@ -349,11 +490,13 @@ def _flatten_cotangents(got, in_tree, avals, cvjp):
 
 def _flatten_tangents(t_out, out_tree, out_avals, cjvp):
     import jax.numpy as jnp
-    leaves = tree_util.tree_leaves(t_out, is_leaf=lambda x: x is None or type(x).__name__ == "SymbolicZero")
-    if len(leaves) != len(out_avals):
+    try:  # tangents have the primal outputs' structure, as JAX requires
+        leaves = out_tree.flatten_up_to(t_out)
+    except (ValueError, TypeError) as e:
         raise ClosureConversionError(
             f"custom_jvp rule '{naming.name_of(cjvp.jvp)}' ({naming.source_of(cjvp.jvp)}) returns "
-            f"{len(leaves)} tangent leaves for {len(out_avals)} outputs")
+            f"tangents whose structure does not match the primal outputs ({out_tree}): "
+            f"{' '.join(str(e).split())[:300]}") from None
     out = []
     for t, a in zip(leaves, out_avals):
         if not is_inexact(a):

@@ -111,9 +111,15 @@ _JAXPR_TYPES = (ClosedJaxpr, Jaxpr)
 def _any_jaxpr(params: dict) -> bool:
     for p in params.values():
         t = type(p)
-        if t is ClosedJaxpr or t is Jaxpr or (t is tuple and p and type(p[0]) in _JAXPR_TYPES):
+        if t is ClosedJaxpr or t is Jaxpr or _jaxpr_tuple(p):
             return True
     return False
+
+
+def _jaxpr_tuple(p: Any) -> bool:
+    """A tuple of jaxprs (cond's branches).  A tuple that mixes a jaxpr with other
+    objects (a library primitive's static params) stays an opaque param."""
+    return type(p) is tuple and bool(p) and all(type(x) in _JAXPR_TYPES for x in p)
 
 
 def _convert_param(p: Any, memo: dict) -> Any:
@@ -122,6 +128,6 @@ def _convert_param(p: Any, memo: dict) -> Any:
         return region_from_closed_jaxpr(p, None, memo)
     if t is Jaxpr:
         return region_from_jaxpr(p, None, None, memo)
-    if t is tuple and p and type(p[0]) in (ClosedJaxpr, Jaxpr):
+    if _jaxpr_tuple(p):
         return tuple(_convert_param(x, memo) for x in p)
     return p
