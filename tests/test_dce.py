@@ -379,3 +379,24 @@ def test_never_keeps_more_than_jax_dce(fun):
     out, _ = dce(prog)
     assert out.num_equations() <= jax_dce_count(prog)
     check_values(out, fun, X)
+
+
+def test_call_whose_result_only_reaches_a_dropped_output():
+    # The outer body returns inner's second result, which nothing outside reads:
+    # dce drops it from inner before the outer signature shrinks.
+    @jax.jit
+    def inner(x):
+        return jnp.sin(x), jnp.cos(x), x * 3.0
+
+    @jax.jit
+    def outer(x):
+        a, b, _ = inner(x)
+        return a, b
+
+    def f(x):
+        return outer(x)[0]
+
+    x = jnp.float32(0.4)
+    optimized = jaxpr_cc.run_passes(jaxpr_cc.trace(f, x), "dce", verify_each=True)
+    np.testing.assert_allclose(optimized(x), f(x))
+    assert optimized.num_equations() < jaxpr_cc.trace(f, x).num_equations()

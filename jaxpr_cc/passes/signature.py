@@ -85,12 +85,14 @@ def set_inputs(region: Region, eqn: Equation, inputs: Sequence[Atom]) -> None:
 
 
 def keep_outputs(region: Region, eqn: Equation, keep: Sequence[bool]) -> None:
-    """Drop the results of ``eqn`` whose ``keep`` flag is False (they must be unused)."""
+    """Drop the results of ``eqn`` whose ``keep`` flag is False.  They must be unused,
+    except as outputs of ``region`` at positions its caller is about to drop (DCE
+    rewrites a region's body before it shrinks the region's signature)."""
     new = []
     for out, k in zip(eqn.outputs, keep):
         if k:
             new.append(out)
-        elif region.has_users(out):
+        elif any(consumer is not region.exit for consumer, _ in region.users(out)):
             raise IRError(f"cannot drop result {out!r} of {eqn.prim.name}: it is still used")
     for i, out in enumerate(new):
         out.index = i
