@@ -671,3 +671,10 @@ def source_summary(source_info) -> str:
     if source_info is None:
         return ""
     return _source_info_util.summarize(source_info)
+
+
+# --- calling-convention checks (ir/calling_convention.py) --------------------
+def is_batch_tracer(x) -> bool:
+    """Whether ``x`` is a ``jax.vmap`` tracer (whose type is the per-example type)."""
+    from jax._src.interpreters import batching as _batching
+    return isinstance(x, _batching.BatchTracer)
