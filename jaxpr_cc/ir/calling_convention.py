@@ -46,7 +46,18 @@ def describe_type(aval) -> str:
     return text
 
 
+# Classes of jax.Arrays and tracers: their .aval is what jax.typeof returns, read
+# ~20x faster (an executable call checks every leaf).
+_CARRIES_AVAL: set = set()
+
+
 def _type_of(x: Any):
+    cls = type(x)
+    if cls in _CARRIES_AVAL:
+        return x.aval
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        _CARRIES_AVAL.add(cls)
+        return x.aval
     try:
         return jax.typeof(x)
     except (TypeError, OverflowError, ValueError):
@@ -65,6 +76,15 @@ def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[An
     ``leaves`` are the flattened ``args_and_kwargs`` (used only to name the
     argument in the message); ``expected`` the traced avals, one per leaf.
     """
+    carries_aval = _CARRIES_AVAL
+    for x, want in zip(leaves, expected):  # the common case, kept cheap
+        if type(x) not in carries_aval:
+            break
+        got = x.aval
+        if got.shape != want.shape or got.dtype != want.dtype or got.weak_type != want.weak_type:
+            break
+    else:
+        return
     for i, (x, want) in enumerate(zip(leaves, expected)):
         if not hasattr(want, "shape"):  # tokens and other unshaped inputs
             continue
