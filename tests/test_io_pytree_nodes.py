@@ -209,3 +209,24 @@ def test_executable_with_like_restored_program(files):
     out = exe(*args)
     assert isinstance(out, Pair)
     np.testing.assert_array_equal(np.asarray(out.first), np.asarray(jax.jit(fun)(*args).first))
+
+
+def test_executable_of_a_loaded_program_takes_the_original_objects(files):
+    path, program, fun, args = files["loss"]
+    exe = jaxpr_cc.compile(jaxpr_cc.load(path))
+    np.testing.assert_allclose(np.asarray(exe(*args)), np.asarray(jax.jit(fun)(*args)),
+                               rtol=1e-6)
+    with pytest.raises(TypeError, match=r"args\[0\] is a .*Pair where the program takes a "
+                                        rf"{__name__}\.Net"):
+        exe(Pair(1.0, 2.0), X)
+
+
+def test_like_also_restores_namedtuples_and_plain_structures(tmp_path):
+    import collections
+    Point = collections.namedtuple("Point", ["x", "y"])
+    program = jaxpr_cc.trace(lambda p: Point(p.y, p.x), Point(jnp.ones(2), jnp.zeros(2)))
+    jaxpr_cc.save(program, tmp_path / "nt.jcc")
+    restored = jaxpr_cc.load(tmp_path / "nt.jcc", like=(Point(jnp.ones(2), jnp.zeros(2)),))
+    out = restored(Point(jnp.ones(2), jnp.zeros(2)))
+    assert type(out) is Point
+    np.testing.assert_array_equal(np.asarray(out.x), np.zeros(2))

@@ -243,8 +243,13 @@ class Executable:
         except ValueError:
             same = False
         if not same:
-            raise TypeError(f"{self.name}: arguments have structure {tree}, but the executable "
-                            f"was compiled for {self.in_tree}")
+            from ..io.pytrees import same_saved_structure
+            if same_saved_structure(tree, self.in_tree):  # custom nodes of a loaded program
+                return
+            from ..ir.calling_convention import structure_mismatch
+            raise TypeError(f"{self.name}: {structure_mismatch(tree, self.in_tree)}; arguments "
+                            f"have structure {tree}, but the executable was compiled for "
+                            f"{self.in_tree}")
 
     def with_params(self, *values) -> "Executable":
         """The same compiled executable bound to new parameter values (no recompilation).

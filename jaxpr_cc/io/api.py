@@ -123,8 +123,9 @@ def load(path, *, check_types: bool = True, like=None, like_kwargs=None):
     objects (same type name, keys and children).  ``like`` (a tuple of example
     positional arguments) and ``like_kwargs`` restore the caller's own structure:
     they must fit the saved arguments (same structure and leaf types); the program
-    then takes and returns the caller's types, a custom node of the result being
-    rebuilt as the argument node of the same type, keys and children structure.
+    then takes and returns the caller's types, a custom node or namedtuple of the
+    result being rebuilt as the argument node of the same type, keys and children
+    structure.
     """
     path = os.fspath(path)
     try:
@@ -147,8 +148,8 @@ def load(path, *, check_types: bool = True, like=None, like_kwargs=None):
 def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<program>"):
     """``program`` taking the structure of the example arguments ``like`` /
     ``like_kwargs`` (checked to fit its saved arguments) and returning, for each
-    custom node of its result, the argument node of the same type, keys and
-    children structure (others stay ``SavedNode``)."""
+    custom node or namedtuple of its result, the argument node of the same type,
+    keys and children structure (others stay as loaded)."""
     from jax import tree_util
 
     from ..ir.calling_convention import check_argument_types, structure_mismatch
@@ -180,15 +181,15 @@ def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<pro
 
 
 def _collect_custom_nodes(treedef, found: dict) -> None:
-    """Map the saved form (canonical JSON) of every custom node in ``treedef`` to a
-    live example of it (first occurrence wins)."""
+    """Map the saved form (canonical JSON) of every custom node and namedtuple in
+    ``treedef`` to a live example of it (first occurrence wins)."""
     from jax import tree_util
 
     from . import pytrees
     node_data = treedef.node_data()
     if node_data is None:
         return
-    if pytrees.is_custom_node_type(node_data[0]):
+    if pytrees.is_custom_node_type(node_data[0]) or pytrees.is_namedtuple_class(node_data[0]):
         text = pytrees.canonical_json(pytrees.encode_treedef(treedef, "like", custom_nodes=True))
         if text not in found:
             found[text] = tree_util.tree_unflatten(treedef, [pytrees.LEAF] * treedef.num_leaves)

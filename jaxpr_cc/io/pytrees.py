@@ -55,6 +55,9 @@ def _is_namedtuple_class(cls) -> bool:
     return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
 
 
+is_namedtuple_class = _is_namedtuple_class
+
+
 def _encode_key(key: Any, where: str):
     if type(key) is str or type(key) is int:
         return key
@@ -285,7 +288,7 @@ def canonical_json(node: Any) -> str:
 def _example(node: Any, depth: int, custom: bool | dict = False) -> Any:
     """A pytree with this structure whose leaves are placeholders.  ``custom``:
     whether custom nodes are allowed; a dict maps the canonical JSON of a custom
-    node to a live pytree that stands for it."""
+    node or namedtuple to a live pytree that stands for it."""
     if depth > _MAX_DEPTH:
         raise FormatError("pytree nested too deeply")
     if node == "*":
@@ -295,6 +298,10 @@ def _example(node: Any, depth: int, custom: bool | dict = False) -> Any:
     if not isinstance(node, dict) or not node:
         raise FormatError(f"pytree: malformed node {str(node)[:60]}")
     kind = next(iter(node))
+    if isinstance(custom, dict) and kind in ("custom", "namedtuple"):
+        live = custom.get(canonical_json(node))
+        if live is not None:
+            return live
     if kind in ("tuple", "list") and len(node) == 1 and isinstance(node[kind], list):
         kids = [_example(c, depth + 1, custom) for c in node[kind]]
         return tuple(kids) if kind == "tuple" else kids
@@ -325,10 +332,6 @@ def _example(node: Any, depth: int, custom: bool | dict = False) -> Any:
         cls = namedtuple_class(module, qualname, tuple(fields))
         return cls(*[_example(c, depth + 1, custom) for c in children])
     if kind == "custom" and set(node) == {"custom", "module", "keys", "children"} and custom:
-        if isinstance(custom, dict):
-            live = custom.get(canonical_json(node))
-            if live is not None:
-                return live
         qualname = _check_str(node["custom"], "custom node name")
         module = _check_str(node["module"], "custom node module")
         keys, children = node["keys"], node["children"]
@@ -377,5 +380,6 @@ def decode_treedef(node: Any, *, custom_nodes: bool = False):
 
 def example_tree(node: Any, live: dict | None = None):
     """A pytree of the JSON structure ``node`` with placeholder leaves, where each
-    custom node whose JSON text is a key of ``live`` is that live subtree instead."""
+    custom node or namedtuple whose canonical JSON is a key of ``live`` is that live
+    subtree instead."""
     return _example(node, 0, live if live else True)
