@@ -271,3 +271,21 @@ def test_error_is_one_line(mean_program):
         mean_program(jnp.ones(5))
     assert "\n" not in str(info.value)
     assert re.search(r"trace the function again", str(info.value))
+
+
+def test_command_line_exec_gives_python_scalar_inputs_as_traced(tmp_path):
+    # An .npz holds arrays only; an input traced as a Python scalar is fed as one.
+    from jaxpr_cc.cli.main import main
+
+    def scale(x, s):
+        return x * s + jnp.ones(2, jnp.bfloat16)
+
+    program = jaxpr_cc.trace(scale, jnp.float32(1.0), 2.0)
+    jaxpr_cc.save(program, tmp_path / "p.jcc")
+    np.savez(tmp_path / "in.npz", arg0=np.float32(3.0), arg1=np.float32(0.5))
+    assert main(["exec", str(tmp_path / "p.jcc"), "--inputs", str(tmp_path / "in.npz"),
+                 "-o", str(tmp_path / "out.npz")]) == 0
+    out = np.load(tmp_path / "out.npz")["out0"]
+    ref = jax.jit(scale)(jnp.float32(3.0), 0.5)
+    assert out.dtype == ref.dtype
+    np.testing.assert_array_equal(out, np.asarray(ref))

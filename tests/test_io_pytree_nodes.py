@@ -230,3 +230,21 @@ def test_like_also_restores_namedtuples_and_plain_structures(tmp_path):
     out = restored(Point(jnp.ones(2), jnp.zeros(2)))
     assert type(out) is Point
     np.testing.assert_array_equal(np.asarray(out.x), np.zeros(2))
+
+
+def test_original_node_with_other_children_is_refused(tmp_path):
+    class Point(eqx.Module):
+        x: jax.Array
+        y: jax.Array
+
+    program = jaxpr_cc.trace(lambda p: p.x * p.y, Point(jnp.ones(2), jnp.ones(2)))
+    jaxpr_cc.save(program, tmp_path / "pt.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "pt.jcc")
+
+    class Point(eqx.Module):  # noqa: F811  (same name, other fields)
+        x: jax.Array
+        z: jax.Array
+
+    with pytest.raises(TypeError, match=r"args\[0\] has children \['\.x', '\.z'\] where the "
+                                        r"saved .*Point has \['\.x', '\.y'\]"):
+        loaded(Point(jnp.ones(2), jnp.ones(2)))

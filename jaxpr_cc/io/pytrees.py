@@ -98,13 +98,13 @@ def encode_treedef(treedef, where: str = "pytree", *, custom_nodes: bool = False
                 "children": children}
     if custom_nodes:
         return {"custom": node_type.__qualname__, "module": node_type.__module__,
-                "keys": [dict([k]) for k in _custom_node_keys(treedef, where)],
+                "keys": [dict([k]) for k in custom_node_keys(treedef, where)],
                 "children": children}
     raise SaveError(f"{where}: pytree node type {node_type.__module__}.{node_type.__qualname__} "
                     f"cannot be saved here; only tuples, lists, dicts, None and namedtuples can")
 
 
-def _custom_node_keys(treedef, where: str) -> tuple:
+def custom_node_keys(treedef, where: str) -> tuple:
     """The key-path entry of each child of the custom node ``treedef``, as data:
     the node is rebuilt around placeholder leaves and flattened one level with keys."""
     node_type = treedef.node_data()[0]
@@ -225,7 +225,7 @@ def _fits(given, expected) -> bool:
         return False
     if e_type is SavedNode and g_type is not SavedNode:
         if (f"{g_type.__module__}.{g_type.__qualname__}" != f"{e_aux[0]}.{e_aux[1]}"
-                or _custom_node_keys(given, "arguments") != e_aux[2]):
+                or custom_node_keys(given, "arguments") != e_aux[2]):
             return False
     elif _is_namedtuple_class(e_type):
         if not (_is_namedtuple_class(g_type) and g_type.__qualname__ == e_type.__qualname__

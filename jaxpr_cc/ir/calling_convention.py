@@ -77,14 +77,18 @@ def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[An
     argument in the message); ``expected`` the traced avals, one per leaf.
     """
     carries_aval = _CARRIES_AVAL
-    for x, want in zip(leaves, expected):  # the common case, kept cheap
-        if type(x) not in carries_aval:
-            break
-        got = x.aval
-        if got.shape != want.shape or got.dtype != want.dtype or got.weak_type != want.weak_type:
-            break
-    else:
-        return
+    try:
+        for x, want in zip(leaves, expected):  # the common case, kept cheap
+            if type(x) not in carries_aval:
+                break
+            got = x.aval
+            if (got.shape != want.shape or got.dtype != want.dtype
+                    or got.weak_type != want.weak_type):
+                break
+        else:
+            return
+    except AttributeError:  # an unshaped input (a token): the careful loop below
+        pass
     for i, (x, want) in enumerate(zip(leaves, expected)):
         if not hasattr(want, "shape"):  # tokens and other unshaped inputs
             continue
@@ -123,8 +127,8 @@ def _mismatch_message(name, what, index, x, got, want, args_and_kwargs) -> str:
                f"again with a {got.dtype} argument")
     elif want.weak_type:
         fix = (f"pass a Python scalar as when tracing, or trace the function again with a "
-               f"strongly typed {want.dtype} array (JAX promotes weakly typed values differently, so jax.jit "
-               f"would trace again too)")
+               f"strongly typed {want.dtype} array (JAX promotes weakly typed values "
+               f"differently, so jax.jit would trace again too)")
     else:
         fix = (f"pass a {want.dtype} array (e.g. jnp.asarray(x, jnp.{want.dtype})), or trace "
                f"the function again with a Python scalar (JAX promotes weakly typed values "
@@ -139,7 +143,8 @@ def _node_kind(node_data) -> str:
     node_type, aux = node_data
     if node_type is type(None):
         return "None"
-    if node_type.__name__ == "SavedNode" and isinstance(aux, tuple) and len(aux) == 3:
+    from ..io.pytrees import SavedNode
+    if node_type is SavedNode:
         return f"a {aux[0]}.{aux[1]} (a custom pytree node read from a file)"
     return f"a {node_type.__module__}.{node_type.__qualname__}" \
         if node_type.__module__ != "builtins" else f"a {node_type.__qualname__}"
@@ -189,6 +194,11 @@ def _first_difference(given, expected, keys: tuple) -> str:
     e_type = None if e_data is None else e_data[0]
     here = _path_text(keys)
     if g_type is not e_type:
+        saved_keys = _saved_node_keys(given, e_data)
+        if saved_keys is not None:
+            return (f"{here} has children {[_key_text(k) for k in saved_keys[0]]} where the "
+                    f"saved {e_data[1][0]}.{e_data[1][1]} has "
+                    f"{[_key_text(k) for k in saved_keys[1]]}")
         return f"{here} is {_node_kind(g_data)} where the program takes {_node_kind(e_data)}"
     if g_data is None:
         return ""
@@ -214,3 +224,27 @@ def _first_difference(given, expected, keys: tuple) -> str:
         return (f"{here} is a {e_type.__qualname__} with different static data "
                 f"({str(g_data[1])[:80]} where the program has {str(e_data[1])[:80]})")
     return f"{here} differs in structure"
+
+
+def _saved_node_keys(given, e_data):
+    """(given keys, saved keys) when ``given`` is a live node of the type a loaded
+    program's custom node was saved from, but with other keys; else None."""
+    from ..io.pytrees import SavedNode
+    if e_data is None or e_data[0] is not SavedNode or given.node_data() is None:
+        return None
+    module, qualname, saved = e_data[1]
+    g_type = given.node_data()[0]
+    if (g_type.__module__, g_type.__qualname__) != (module, qualname):
+        return None
+    from ..io.pytrees import SaveError, custom_node_keys
+    try:
+        keys = custom_node_keys(given, "arguments")
+    except SaveError:
+        return None
+    return (keys, saved) if keys != saved else None
+
+
+def _key_text(key: tuple) -> str:
+    kind, value = key
+    return {"attr": f".{value}", "key": f"[{value!r}]", "index": f"[{value}]",
+            "flat": f"<flat {value}>"}.get(kind, str(value))
