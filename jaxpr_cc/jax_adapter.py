@@ -843,3 +843,8 @@ def _refused_transpose(cts, *args, message, **_):
 
 # A refused derivative raises in reverse mode too, where JAX transposes it.
 _pt_ad.primitive_transposes[forward_mode_refused_p] = _refused_transpose
+# --- calling-convention checks (ir/calling_convention.py) --------------------
+def is_batch_tracer(x) -> bool:
+    """Whether ``x`` is a ``jax.vmap`` tracer (whose type is the per-example type)."""
+    from jax._src.interpreters import batching as _batching
+    return isinstance(x, _batching.BatchTracer)

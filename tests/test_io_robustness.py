@@ -63,6 +63,29 @@ def program_b(x):
     return x + jax.random.uniform(KEY, x.shape), jnp.asarray([np.nan, 1.0], jnp.float32) * x[:2]
 
 
+@jax.tree_util.register_pytree_node_class
+class Pair:
+    """A custom pytree node (saved as data in the calling convention)."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def tree_flatten(self):
+        return (self.first, self.second), "aux"
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+def program_c(p, x):
+    return Pair(p.first * x, {"s": p.second - x})
+
+
+def _custom_node_file() -> bytes:
+    return dumps(jaxpr_cc.trace(program_c, Pair(jnp.ones(2), jnp.zeros(2)), jnp.ones(2)))
+
+
 def _valid_files() -> dict[str, bytes]:
     a = jaxpr_cc.trace(program_a, Pt(jnp.ones(4), jnp.float32(2.0)), jnp.ones((5, 3)))
     b = jaxpr_cc.trace(program_b, jnp.arange(4.0))
@@ -468,7 +491,46 @@ def damaged_documents():
             data, program_json=text.replace(b'"out":[', b'"out":[' + b"9" * 5000 + b",", 1))
 
 
+def custom_node_damage():
+    """A file whose arguments and result hold custom pytree nodes, with every field
+    of a custom node damaged (checksums recomputed)."""
+    data = _custom_node_file()
+    doc = document_of(data)
+    node = doc["in_tree"]["tuple"][0]["tuple"][0]
+    assert node["custom"] == "Pair" and node["keys"] == [{"flat": 0}, {"flat": 1}]
+    damages = {
+        "name not a string": ("custom", 7), "empty name": ("custom", ""),
+        "module missing": ("module", None), "keys not a list": ("keys", {"flat": 0}),
+        "unknown key kind": ("keys", [{"slot": 0}, {"flat": 1}]),
+        "key with two entries": ("keys", [{"flat": 0, "attr": "a"}, {"flat": 1}]),
+        "attr key not a string": ("keys", [{"attr": 3}, {"flat": 1}]),
+        "negative index": ("keys", [{"flat": -1}, {"flat": 1}]),
+        "bool index": ("keys", [{"index": True}, {"flat": 1}]),
+        "float dict key": ("keys", [{"key": 1.5}, {"flat": 1}]),
+        "duplicate key": ("keys", [{"flat": 1}, {"flat": 1}]),
+        "fewer keys than children": ("keys", [{"flat": 0}]),
+        "children not a list": ("children", "*"),
+        "one child fewer (leaf count)": ("children", ["*"]),
+        "malformed child": ("children", ["*", {"custom": "X"}]),
+        "extra field": ("aux", "x"),
+    }
+    for label, (field, value) in damages.items():
+        d = copy.deepcopy(doc)
+        target = d["in_tree"]["tuple"][0]["tuple"][0]
+        if value is None:
+            del target[field]
+        else:
+            target[field] = value
+        yield f"custom node: {label}", repack(data, doc=d)
+    d = copy.deepcopy(doc)
+    d["out_tree"]["children"] = ["*", "*", "*"]
+    yield "custom node: result with more leaves than outputs", repack(data, doc=d)
+    for cut in range(0, len(data), 97):
+        yield f"custom node: truncated to {cut} bytes", data[:cut]
+
+
 GENERATORS = {
+    "custom_node": lambda tmp: custom_node_damage(),
     "truncation": lambda tmp: truncations(),
     "byte_flip": lambda tmp: byte_flips(),
     "wrong_version": lambda tmp: wrong_versions(),

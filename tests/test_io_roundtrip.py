@@ -571,15 +571,23 @@ def test_callables_fail_at_save_time_naming_primitive_and_parameter(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_custom_pytree_nodes_fail_at_save_time(tmp_path):
-    @jax.tree_util.register_dataclass
-    @dataclasses.dataclass
-    class Point:
-        x: jax.Array
-        y: jax.Array
+def test_custom_pytree_node_with_unsavable_key_fails_at_save_time(tmp_path):
+    # Custom nodes are saved as data (tests/test_io_pytree_nodes.py); a key-path entry
+    # of a type of the node's own making has no data form.
+    class Tag:
+        def __repr__(self):
+            return "Tag()"
 
-    program = jaxpr_cc.trace(lambda p: p.x + p.y, Point(jnp.ones(2), jnp.ones(2)))
-    with pytest.raises(jio.SaveError, match=r"in_tree: pytree node type .*Point cannot be saved"):
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+    jax.tree_util.register_pytree_with_keys(
+        Box, lambda b: (((Tag(), b.v),), None), lambda _, kids: Box(kids[0]),
+        flatten_func=lambda b: ((b.v,), None))
+    program = jaxpr_cc.trace(lambda b: b.v * 2, Box(jnp.ones(2)))
+    with pytest.raises(jio.SaveError, match=r"in_tree: pytree node .*Box names a child with key "
+                                            r"Tag\(\), which cannot be saved"):
         program.save(tmp_path / "p.jcc")
     assert list(tmp_path.iterdir()) == []
 

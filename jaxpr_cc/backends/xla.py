@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import jax
 from jax import tree_util
 
+from ..ir.calling_convention import check_argument_types
 from ..ir.program import Program
 from ..jax_adapter import (compiled_fast_call, executable_fastpath, jaxpr_as_fun,
                            named_sharding_from_hlo)
@@ -194,6 +195,7 @@ class Executable:
         self._compiled = compiled
         self._lowered = lowered
         self._input_avals = list(input_avals)
+        self._arg_avals = self._input_avals[n_params:]
         self._n_params = n_params
         self._donated = donated
         self._exporter = exporter
@@ -210,6 +212,10 @@ class Executable:
         leaves, tree = tree_util.tree_flatten((args, kwargs))
         if tree != self.in_tree:
             self._check_structure(tree)
+        # XLA checks shapes and dtypes but not weak types; one checker for programs
+        # and executables gives the same rule and the same message.
+        check_argument_types(self.name, leaves, self._arg_avals, (args, kwargs),
+                             what="executable")
         return self._fast(*leaves)
 
     @property
@@ -237,8 +243,13 @@ class Executable:
         except ValueError:
             same = False
         if not same:
-            raise TypeError(f"{self.name}: arguments have structure {tree}, but the executable "
-                            f"was compiled for {self.in_tree}")
+            from ..io.pytrees import same_saved_structure
+            if same_saved_structure(tree, self.in_tree):  # custom nodes of a loaded program
+                return
+            from ..ir.calling_convention import structure_mismatch
+            raise TypeError(f"{self.name}: {structure_mismatch(tree, self.in_tree)}; arguments "
+                            f"have structure {tree}, but the executable was compiled for "
+                            f"{self.in_tree}")
 
     def with_params(self, *values) -> "Executable":
         """The same compiled executable bound to new parameter values (no recompilation).

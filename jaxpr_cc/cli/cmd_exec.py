@@ -107,7 +107,17 @@ def match_inputs(arrays: dict, avals: list, names: list, where: str) -> list:
         missing = [k for k in by_position if k not in keys]
         detail = (f"unexpected {extra[:4]}" if extra else f"missing {missing[:4]}")
         raise CliError(f"{where}: expected {n} arrays named {expected}{named}; {detail}")
-    return [_convert(arrays[key], aval, key, where) for key, aval in zip(order, avals)]
+    return [_weak_if_traced_so(_convert(arrays[key], aval, key, where), aval)
+            for key, aval in zip(order, avals)]
+
+
+def _weak_if_traced_so(value, aval):
+    # An .npz cannot say "Python scalar"; an input traced as one is given as one
+    # (programs check weak types like jax.jit's cache does).
+    if getattr(aval, "weak_type", False):
+        from ..jax_adapter import weak_device_array
+        return weak_device_array(value)
+    return value
 
 
 def _convert(value, aval, key: str, where: str):

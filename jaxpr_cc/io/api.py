@@ -109,13 +109,24 @@ def loads(data, *, name: str = "<bytes>", check_types: bool = True):
         raise LoadError(name, f"malformed program ({type(e).__name__}: {e})") from None
 
 
-def load(path, *, check_types: bool = True):
+def load(path, *, check_types: bool = True, like=None, like_kwargs=None):
     """Read the program saved at ``path``.
 
     Returns exactly the program that was saved, or raises ``LoadError`` (a
     ``ValueError``) whose message names the file and the problem.  Nothing in the
     file is executed.  ``check_types=False`` skips JAX's type checks of the
-    equations (the structural checks and checksums are always applied)."""
+    equations (the structural checks and checksums are always applied).
+
+    Custom pytree nodes of the calling convention (equinox Modules, classes of
+    ``register_pytree_node_class``) are saved as data and read back as
+    :class:`jaxpr_cc.io.pytrees.SavedNode`; the program also accepts the original
+    objects (same type name, keys and children).  ``like`` (a tuple of example
+    positional arguments) and ``like_kwargs`` restore the caller's own structure:
+    they must fit the saved arguments (same structure and leaf types); the program
+    then takes and returns the caller's types, a custom node or namedtuple of the
+    result being rebuilt as the argument node of the same type, keys and children
+    structure.
+    """
     path = os.fspath(path)
     try:
         if os.path.isdir(path):
@@ -128,7 +139,62 @@ def load(path, *, check_types: bool = True):
         raise LoadError(path, "no such file") from None
     except OSError as e:
         raise LoadError(path, f"cannot read: {e.strerror or e}") from None
-    return loads(data, name=path, check_types=check_types)
+    program = loads(data, name=path, check_types=check_types)
+    if like is not None or like_kwargs is not None:
+        program = restore_structure(program, like, like_kwargs, name=path)
+    return program
+
+
+def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<program>"):
+    """``program`` taking the structure of the example arguments ``like`` /
+    ``like_kwargs`` (checked to fit its saved arguments) and returning, for each
+    custom node or namedtuple of its result, the argument node of the same type,
+    keys and children structure (others stay as loaded)."""
+    from jax import tree_util
+
+    from ..ir.calling_convention import check_argument_types, structure_mismatch
+    from . import pytrees
+    if like is not None and not isinstance(like, (tuple, list)):
+        raise LoadError(name, f"like must be a tuple of example positional arguments, got a "
+                              f"{type(like).__name__} (for one argument write like=(x,))")
+    if like_kwargs is not None and not isinstance(like_kwargs, dict):
+        raise LoadError(name, f"like_kwargs must be a dict, got a {type(like_kwargs).__name__}")
+    example = (tuple(like or ()), dict(like_kwargs or {}))
+    leaves, live_in = tree_util.tree_flatten(example)
+    if live_in != program.in_tree and not pytrees.same_saved_structure(live_in, program.in_tree):
+        raise LoadError(name, f"like does not fit the saved arguments: "
+                              f"{structure_mismatch(live_in, program.in_tree)} (the saved "
+                              f"structure is {program.in_tree})")
+    try:
+        check_argument_types(program.name, leaves, [v.aval for v in program.arg_values], example,
+                             what="saved program")
+    except TypeError as e:
+        raise LoadError(name, f"like does not fit the saved arguments: {e}") from None
+    try:
+        live_nodes = {}
+        _collect_custom_nodes(live_in, live_nodes)
+        saved_out = pytrees.encode_treedef(program.out_tree, "out_tree", custom_nodes=True)
+        out_tree = tree_util.tree_structure(pytrees.example_tree(saved_out, live_nodes))
+    except (SaveError, FormatError) as e:
+        raise LoadError(name, f"cannot restore the result structure from like: {e}") from None
+    return program.replace(in_tree=live_in, out_tree=out_tree)
+
+
+def _collect_custom_nodes(treedef, found: dict) -> None:
+    """Map the saved form (canonical JSON) of every custom node and namedtuple in
+    ``treedef`` to a live example of it (first occurrence wins)."""
+    from jax import tree_util
+
+    from . import pytrees
+    node_data = treedef.node_data()
+    if node_data is None:
+        return
+    if pytrees.is_custom_node_type(node_data[0]) or pytrees.is_namedtuple_class(node_data[0]):
+        text = pytrees.canonical_json(pytrees.encode_treedef(treedef, "like", custom_nodes=True))
+        if text not in found:
+            found[text] = tree_util.tree_unflatten(treedef, [pytrees.LEAF] * treedef.num_leaves)
+    for child in treedef.children():
+        _collect_custom_nodes(child, found)
 
 
 def _reject_constant(name: str):

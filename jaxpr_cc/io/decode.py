@@ -348,8 +348,8 @@ class _Decoder:
         name = doc["name"]
         if type(name) is not str or not name:
             raise FormatError("'name' must be a non-empty string")
-        in_tree = pytrees.decode_treedef(doc["in_tree"])
-        out_tree = pytrees.decode_treedef(doc["out_tree"])
+        in_tree = pytrees.decode_treedef(doc["in_tree"], custom_nodes=True)
+        out_tree = pytrees.decode_treedef(doc["out_tree"], custom_nodes=True)
         top = in_tree.node_data()
         kids = in_tree.children()
         if top is None or top[0] is not tuple or len(kids) != 2 or kids[0].node_data() is None \

@@ -180,8 +180,8 @@ class _Encoder:
     def document(self) -> dict:
         program = self.program
         try:
-            in_tree = pytrees.encode_treedef(program.in_tree, "in_tree")
-            out_tree = pytrees.encode_treedef(program.out_tree, "out_tree")
+            in_tree = pytrees.encode_treedef(program.in_tree, "in_tree", custom_nodes=True)
+            out_tree = pytrees.encode_treedef(program.out_tree, "out_tree", custom_nodes=True)
         except SaveError as e:
             raise SaveError(f"cannot save {program.name}: {e}") from None
         if type(program.name) is not str:

@@ -112,12 +112,30 @@ class Program:
         return self.body.invars[len(self.params):]
 
     def flatten_args(self, args: tuple, kwargs: dict) -> list[Any]:
-        flat, tree = tree_util.tree_flatten((tuple(args), dict(kwargs)))
+        """The argument leaves of a call, after checking the call against the traced
+        signature: the pytree structure, then each leaf's shape, dtype and weak type
+        (see :mod:`jaxpr_cc.ir.calling_convention`).  Raises ``TypeError`` naming the
+        argument that does not fit."""
+        from .calling_convention import check_argument_types
+        args_and_kwargs = (tuple(args), dict(kwargs))
+        flat, tree = tree_util.tree_flatten(args_and_kwargs)
         if tree != self.in_tree:
-            raise TypeError(
-                f"{self.name}: arguments have structure {tree}, but the program was traced "
-                f"with {self.in_tree}")
+            self._check_structure(tree)
+        check_argument_types(self.name, flat, [v.aval for v in self.arg_values],
+                             args_and_kwargs)
         return flat
+
+    def _check_structure(self, tree) -> None:
+        from .calling_convention import structure_mismatch
+        from ..io.pytrees import same_saved_structure
+        # A loaded program holds custom pytree nodes as data (io/pytrees.py); the
+        # caller's own objects fit when they flatten to the same node types, keys
+        # and children.
+        if same_saved_structure(tree, self.in_tree):
+            return
+        raise TypeError(
+            f"{self.name}: {structure_mismatch(tree, self.in_tree)}; the program was traced "
+            f"with arguments of structure {self.in_tree}: pass arguments of that structure")
 
     def __call__(self, *args, **kwargs):
         from ..jax_adapter import eval_jaxpr

@@ -1,0 +1,250 @@
+"""Checking a call against the signature a program was traced with.
+
+A program (and an executable compiled from it) is one computation on inputs of the
+types it was traced with.  Fed anything else it would compute something else: a
+longer vector read as a shorter one, the bits of a float read as an integer.  So
+every call is checked leaf by leaf, and a call is accepted exactly when
+``jax.jit`` of the original function would reuse its trace for it: the argument's
+type as JAX sees it (``jax.typeof``: after dtype canonicalization, e.g. a
+``float64`` NumPy array is ``float32`` without x64) has the traced shape, dtype and
+weak type.  Weak types must match both ways, because JAX's type promotion reads
+them while tracing: ``x + bf16_array`` is ``bfloat16`` for a Python-scalar ``x``
+and ``float32`` for a ``float32`` array ``x``, so a retrace for the other kind
+could compute a different result (see docs/format.md, *Calling a program*).
+
+Under ``jax.vmap`` the arguments are batch tracers whose type is the per-example
+type, so the per-example shape is what is checked; under ``jax.jit`` and
+``jax.grad`` the tracers carry the caller's types as well.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Sequence
+
+import jax
+from jax import tree_util
+
+__all__ = ["argument_path", "check_argument_types", "describe_type",
+           "structure_mismatch"]
+
+
+def argument_path(path: Sequence[Any]) -> str:
+    """``args[0]['w']`` / ``kwargs['scale']`` for a key path into ``(args, kwargs)``."""
+    if not path:
+        return "arguments"
+    head, rest = path[0], tuple(path[1:])
+    index = getattr(head, "idx", None)
+    root = {0: "args", 1: "kwargs"}.get(index, tree_util.keystr((head,)))
+    return root + tree_util.keystr(rest)
+
+
+def describe_type(aval) -> str:
+    """``float32[3]``, or ``weakly typed float32[] (a Python scalar)``."""
+    text = f"{aval.dtype}[{','.join(map(str, aval.shape))}]"
+    if getattr(aval, "weak_type", False):
+        return f"weakly typed {text} (a Python scalar)"
+    return text
+
+
+# Classes of jax.Arrays and tracers: their .aval is what jax.typeof returns, read
+# ~20x faster (an executable call checks every leaf).
+_CARRIES_AVAL: set = set()
+
+
+def _type_of(x: Any):
+    cls = type(x)
+    if cls in _CARRIES_AVAL:
+        return x.aval
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        _CARRIES_AVAL.add(cls)
+        return x.aval
+    try:
+        return jax.typeof(x)
+    except (TypeError, OverflowError, ValueError):
+        return None
+
+
+def _same_type(got, want) -> bool:
+    return (got.shape == want.shape and got.dtype == want.dtype
+            and got.weak_type == want.weak_type)
+
+
+def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[Any],
+                         args_and_kwargs: tuple, *, what: str = "program") -> None:
+    """Raise ``TypeError`` if a leaf's type differs from the traced type.
+
+    ``leaves`` are the flattened ``args_and_kwargs`` (used only to name the
+    argument in the message); ``expected`` the traced avals, one per leaf.
+    """
+    carries_aval = _CARRIES_AVAL
+    try:
+        for x, want in zip(leaves, expected):  # the common case, kept cheap
+            if type(x) not in carries_aval:
+                break
+            got = x.aval
+            if (got.shape != want.shape or got.dtype != want.dtype
+                    or got.weak_type != want.weak_type):
+                break
+        else:
+            return
+    except AttributeError:  # an unshaped input (a token): the careful loop below
+        pass
+    for i, (x, want) in enumerate(zip(leaves, expected)):
+        if not hasattr(want, "shape"):  # tokens and other unshaped inputs
+            continue
+        got = _type_of(x)
+        if got is None or not hasattr(got, "shape") or not _same_type(got, want):
+            raise TypeError(_mismatch_message(name, what, i, x, got, want, args_and_kwargs))
+
+
+def _leaf_path(index: int, args_and_kwargs: tuple) -> str:
+    try:
+        paths = tree_util.tree_flatten_with_path(args_and_kwargs)[0]
+        return argument_path(paths[index][0])
+    except Exception:  # a path is only decoration; the leaf number still identifies it
+        return f"argument leaf {index}"
+
+
+def _mismatch_message(name, what, index, x, got, want, args_and_kwargs) -> str:
+    where = _leaf_path(index, args_and_kwargs)
+    traced = describe_type(want)
+    if got is None or not hasattr(got, "shape"):
+        made = "compiled for" if what == "executable" else "traced with"
+        return (f"{name}: {where} is a {type(x).__name__}, not an array; the {what} was {made} "
+                f"{traced} there: pass a value of that type")
+    from ..jax_adapter import is_batch_tracer
+    inside = " per example (under jax.vmap the mapped axis is not counted)" \
+        if is_batch_tracer(x) and got.shape != want.shape else ""
+    given = describe_type(got)
+    made = "compiled for" if what == "executable" else "traced with"
+    head = f"{name}: {where} is {given}{inside}, but the {what} was {made} {traced}"
+    if got.shape != want.shape:
+        fix = (f"pass an array of shape {tuple(want.shape)}, or trace the function again with "
+               f"the new shape")
+    elif got.dtype != want.dtype:
+        fix = (f"pass a value of dtype {want.dtype} (nothing is converted: reading a "
+               f"{got.dtype} as {want.dtype} computes something else), or trace the function "
+               f"again with a {got.dtype} argument")
+    elif want.weak_type:
+        fix = (f"pass a Python scalar as when tracing, or trace the function again with a "
+               f"strongly typed {want.dtype} array (JAX promotes weakly typed values "
+               f"differently, so jax.jit would trace again too)")
+    else:
+        fix = (f"pass a {want.dtype} array (e.g. jnp.asarray(x, jnp.{want.dtype})), or trace "
+               f"the function again with a Python scalar (JAX promotes weakly typed values "
+               f"differently, so jax.jit would trace again too)")
+    return f"{head}; {fix}"
+
+
+# ---------------------------------------------------------------- structures
+def _node_kind(node_data) -> str:
+    if node_data is None:
+        return "an array (leaf)"
+    node_type, aux = node_data
+    if node_type is type(None):
+        return "None"
+    from ..io.pytrees import SavedNode
+    if node_type is SavedNode:
+        return f"a {aux[0]}.{aux[1]} (a custom pytree node read from a file)"
+    return f"a {node_type.__module__}.{node_type.__qualname__}" \
+        if node_type.__module__ != "builtins" else f"a {node_type.__qualname__}"
+
+
+def _dict_keys(node_type, aux) -> list:
+    # defaultdict's node data is (default_factory, keys)
+    return list(aux[1] if node_type is collections.defaultdict else aux)
+
+
+def _child_keys(treedef) -> list[str]:
+    node_type, aux = treedef.node_data()
+    n = len(treedef.children())
+    if node_type in (tuple, list):
+        return [f"[{i}]" for i in range(n)]
+    if node_type in (dict, collections.OrderedDict, collections.defaultdict):
+        return [f"[{k!r}]" for k in _dict_keys(node_type, aux)]
+    fields = getattr(node_type, "_fields", None)
+    if isinstance(fields, tuple) and len(fields) == n:
+        return [f".{f}" for f in fields]
+    try:
+        example = tree_util.tree_unflatten(treedef, [0] * treedef.num_leaves)
+        pairs = tree_util.tree_flatten_with_path(example, is_leaf=lambda x: x is not example)[0]
+        if len(pairs) == n:
+            return [tree_util.keystr(p) for p, _ in pairs]
+    except Exception:  # keys only name the place of the difference
+        pass
+    return [f"<child {i}>" for i in range(n)]
+
+
+def structure_mismatch(given, expected) -> str:
+    """Where and how the pytree ``given`` differs from ``expected`` (both
+    ``PyTreeDef``s of ``(args, kwargs)``): one phrase naming the first difference."""
+    return _first_difference(given, expected, ())
+
+
+def _path_text(keys: tuple) -> str:
+    if not keys:
+        return "the arguments"
+    root = {"[0]": "args", "[1]": "kwargs"}.get(keys[0], keys[0])
+    return root + "".join(keys[1:])
+
+
+def _first_difference(given, expected, keys: tuple) -> str:
+    g_data, e_data = given.node_data(), expected.node_data()
+    g_type = None if g_data is None else g_data[0]
+    e_type = None if e_data is None else e_data[0]
+    here = _path_text(keys)
+    if g_type is not e_type:
+        saved_keys = _saved_node_keys(given, e_data)
+        if saved_keys is not None:
+            return (f"{here} has children {[_key_text(k) for k in saved_keys[0]]} where the "
+                    f"saved {e_data[1][0]}.{e_data[1][1]} has "
+                    f"{[_key_text(k) for k in saved_keys[1]]}")
+        return f"{here} is {_node_kind(g_data)} where the program takes {_node_kind(e_data)}"
+    if g_data is None:
+        return ""
+    g_kids, e_kids = given.children(), expected.children()
+    if e_type in (dict, collections.OrderedDict, collections.defaultdict):
+        g_keys, e_keys = _dict_keys(e_type, g_data[1]), _dict_keys(e_type, e_data[1])
+        if g_keys != e_keys:
+            missing = [k for k in e_keys if k not in g_keys]
+            extra = [k for k in g_keys if k not in e_keys]
+            parts = ([f"lacks keys {missing}"] if missing else []) + \
+                    ([f"has unexpected keys {extra}"] if extra else [])
+            return f"{here} " + (" and ".join(parts)
+                                 or f"has its keys in the order {g_keys}, expected {e_keys}")
+    if len(g_kids) != len(e_kids):
+        return (f"{here} has {len(g_kids)} entries where the program takes {len(e_kids)}")
+    child_keys = _child_keys(expected)
+    for g, e, k in zip(g_kids, e_kids, child_keys):
+        if g != e:
+            found = _first_difference(g, e, keys + (k,))
+            if found:
+                return found
+    if g_data[1] != e_data[1]:
+        return (f"{here} is a {e_type.__qualname__} with different static data "
+                f"({str(g_data[1])[:80]} where the program has {str(e_data[1])[:80]})")
+    return f"{here} differs in structure"
+
+
+def _saved_node_keys(given, e_data):
+    """(given keys, saved keys) when ``given`` is a live node of the type a loaded
+    program's custom node was saved from, but with other keys; else None."""
+    from ..io.pytrees import SavedNode
+    if e_data is None or e_data[0] is not SavedNode or given.node_data() is None:
+        return None
+    module, qualname, saved = e_data[1]
+    g_type = given.node_data()[0]
+    if (g_type.__module__, g_type.__qualname__) != (module, qualname):
+        return None
+    from ..io.pytrees import SaveError, custom_node_keys
+    try:
+        keys = custom_node_keys(given, "arguments")
+    except SaveError:
+        return None
+    return (keys, saved) if keys != saved else None
+
+
+def _key_text(key: tuple) -> str:
+    kind, value = key
+    return {"attr": f".{value}", "key": f"[{value!r}]", "index": f"[{value}]",
+            "flat": f"<flat {value}>"}.get(kind, str(value))

@@ -1,0 +1,250 @@
+"""Custom pytree nodes in a program's calling convention are saved as data.
+
+An equinox Module or a ``register_pytree_node_class`` class as an argument or a
+result is written as its type name, the key-path entry of each child and the
+children (never its class or auxiliary data).  ``jaxpr_cc.load(path)`` gives a
+program taking ``SavedNode``s (or the original objects) with the same leaves and key
+paths; ``load(path, like=example_args)`` restores the caller's structure, checking
+that it fits.  Values and gradients are compared with ``jax.jit`` of the original
+function.
+"""
+from __future__ import annotations
+
+import json
+import zipfile
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpr_cc
+from jaxpr_cc.io.pytrees import SavedNode
+
+
+class Linear(eqx.Module):
+    weight: jax.Array
+    bias: jax.Array
+    activation: str = eqx.field(static=True, default="tanh")
+
+    def __call__(self, x):
+        return jnp.tanh(self.weight @ x + self.bias)
+
+
+class Net(eqx.Module):
+    layers: tuple
+    scale: jax.Array
+
+
+@jax.tree_util.register_pytree_node_class
+class Pair:
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def tree_flatten(self):
+        return (self.first, self.second), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+def make_net(seed=0, width=3):
+    k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
+    return Net(layers=(Linear(jax.random.normal(k1, (4, width)), jax.random.normal(k2, (4,))),
+                       Linear(jax.random.normal(k3, (2, 4)), jax.random.normal(k4, (2,)))),
+               scale=jnp.float32(1.5))
+
+
+def net_loss(net, x):
+    for layer in net.layers:
+        x = layer(x)
+    return jnp.sum(x ** 2) * net.scale
+
+
+def pair_fn(p, x):
+    return Pair(p.first * x, p.second + x)
+
+
+X = jnp.array([0.5, -1.0, 2.0], jnp.float32)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pytree_nodes")
+    net = make_net()
+    out = {}
+    for name, fun, args in [("loss", net_loss, (net, X)),
+                            ("grad", jax.grad(net_loss), (net, X)),
+                            ("pair", pair_fn, (Pair(jnp.ones(3), jnp.zeros(3)), X))]:
+        program = jaxpr_cc.trace(fun, *args)
+        path = d / f"{name}.jcc"
+        jaxpr_cc.save(program, path)
+        out[name] = (path, program, fun, args)
+    return out
+
+
+def test_saved_as_data_with_key_paths(files):
+    path, *_ = files["loss"]
+    doc = json.loads(zipfile.ZipFile(path).read("program.json"))
+    net = doc["in_tree"]["tuple"][0]["tuple"][0]
+    assert net["custom"] == "Net" and net["module"] == __name__
+    assert net["keys"] == [{"attr": "layers"}, {"attr": "scale"}]
+    layer = net["children"][0]["tuple"][0]
+    assert layer == {"custom": "Linear", "module": __name__,
+                     "keys": [{"attr": "weight"}, {"attr": "bias"}], "children": ["*", "*"]}
+    text = zipfile.ZipFile(path).read("program.json").decode()
+    assert "tanh" not in text.split('"regions"')[0]  # static (auxiliary) data is not saved
+    pair_doc = json.loads(zipfile.ZipFile(files["pair"][0]).read("program.json"))
+    assert pair_doc["out_tree"]["keys"] == [{"flat": 0}, {"flat": 1}]
+
+
+def test_load_gives_saved_nodes_with_the_same_leaves_and_key_paths(files):
+    path, program, fun, args = files["loss"]
+    loaded = jaxpr_cc.load(path)
+    leaves_with_paths = jax.tree_util.tree_flatten_with_path(args)[0]
+    call_args, call_kwargs = jax.tree_util.tree_unflatten(
+        loaded.in_tree, [leaf for _, leaf in leaves_with_paths])
+    assert call_kwargs == {}
+    node = call_args[0]
+    assert isinstance(node, SavedNode) and node.type_name == f"{__name__}.Net"
+    assert node.layers[0].weight is args[0].layers[0].weight
+    assert node.scale is args[0].scale
+    assert [p for p, _ in jax.tree_util.tree_flatten_with_path(call_args)[0]] == \
+        [p for p, _ in leaves_with_paths]
+    ref = jax.jit(fun)(*args)
+    np.testing.assert_allclose(np.asarray(loaded(*call_args)), np.asarray(ref), rtol=1e-6)
+    # the original objects fit the saved nodes too
+    np.testing.assert_allclose(np.asarray(loaded(*args)), np.asarray(ref), rtol=1e-6)
+
+
+def test_saving_a_loaded_program_gives_the_same_bytes(files, tmp_path):
+    for path, *_ in files.values():
+        loaded = jaxpr_cc.load(path)
+        jaxpr_cc.save(loaded, tmp_path / "again.jcc")
+        assert (tmp_path / "again.jcc").read_bytes() == path.read_bytes()
+        assert str(loaded) == str(jaxpr_cc.load(tmp_path / "again.jcc"))
+
+
+def test_like_restores_arguments_and_results(files):
+    path, program, fun, args = files["grad"]
+    restored = jaxpr_cc.load(path, like=args)
+    assert restored.in_tree == program.in_tree
+    out = restored(*args)
+    ref = jax.jit(fun)(*args)
+    assert isinstance(out, Net) and isinstance(out.layers[1], Linear)
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(ref)
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-6, atol=1e-6)
+    plain = jaxpr_cc.load(path)(*args)
+    assert isinstance(plain, SavedNode)
+    assert [np.asarray(v).tolist() for v in jax.tree_util.tree_leaves(plain)] == \
+        [np.asarray(v).tolist() for v in jax.tree_util.tree_leaves(out)]
+
+
+def test_like_with_register_pytree_node_class(files):
+    path, program, fun, args = files["pair"]
+    restored = jaxpr_cc.load(path, like=args)
+    out = restored(*args)
+    assert isinstance(out, Pair)
+    ref = jax.jit(fun)(*args)
+    np.testing.assert_array_equal(np.asarray(out.first), np.asarray(ref.first))
+    np.testing.assert_array_equal(np.asarray(out.second), np.asarray(ref.second))
+    assert isinstance(jaxpr_cc.load(path)(*args), SavedNode)
+
+
+@pytest.mark.parametrize("mode", ["jit", "vmap", "grad", "compiled"])
+def test_loaded_program_under_transformations(files, mode):
+    path, program, fun, args = files["loss"]
+    net, x = args
+    restored = jaxpr_cc.load(path, like=args)
+    if mode == "jit":
+        got, ref = jax.jit(restored)(net, x), jax.jit(fun)(net, x)
+    elif mode == "vmap":
+        xs = jnp.stack([x, 2 * x, -x])
+        got = jax.vmap(restored, in_axes=(None, 0))(net, xs)
+        ref = jax.vmap(jax.jit(fun), in_axes=(None, 0))(net, xs)
+    elif mode == "grad":
+        got, ref = jax.grad(restored)(net, x), jax.jit(jax.grad(fun))(net, x)
+    else:
+        got, ref = jaxpr_cc.compile(restored)(net, x), jax.jit(fun)(net, x)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-6)
+
+
+def test_like_that_does_not_fit_is_refused(files):
+    path, program, fun, args = files["loss"]
+    with pytest.raises(jaxpr_cc.LoadError, match=r"like does not fit the saved arguments: .*"
+                                                 r"args\[0\]\.layers\[0\]\.weight is "
+                                                 r"float32\[4,5\], but the saved program was "
+                                                 r"traced with float32\[4,3\]"):
+        jaxpr_cc.load(path, like=(make_net(width=5), X))
+    with pytest.raises(jaxpr_cc.LoadError, match=r"like does not fit the saved arguments: "
+                                                 r"args\[0\] is a tuple where the program takes "
+                                                 rf"a {__name__}\.Net \(a custom pytree node"):
+        jaxpr_cc.load(path, like=((1.0, 2.0), X))
+    with pytest.raises(jaxpr_cc.LoadError, match=r"like does not fit .*args has 1 entries where "
+                                                 r"the program takes 2"):
+        jaxpr_cc.load(path, like=(args[0],))
+    with pytest.raises(jaxpr_cc.LoadError, match=r"like must be a tuple of example positional "
+                                                 r"arguments"):
+        jaxpr_cc.load(path, like=args[0])
+
+
+def test_loaded_program_refuses_wrong_leaves_and_nodes(files):
+    path, program, fun, args = files["loss"]
+    loaded = jaxpr_cc.load(path)
+    with pytest.raises(TypeError, match=r"args\[0\]\.layers\[1\]\.bias is float32\[3\], but the "
+                                        r"program was traced with float32\[2\]"):
+        loaded(eqx.tree_at(lambda n: n.layers[1].bias, args[0], jnp.ones(3)), X)
+    with pytest.raises(TypeError, match=r"args\[0\] is a .*Pair where the program takes a "
+                                        rf"{__name__}\.Net"):
+        loaded(Pair(1.0, 2.0), X)
+
+
+def test_executable_with_like_restored_program(files):
+    path, program, fun, args = files["pair"]
+    exe = jaxpr_cc.compile(jaxpr_cc.load(path, like=args))
+    out = exe(*args)
+    assert isinstance(out, Pair)
+    np.testing.assert_array_equal(np.asarray(out.first), np.asarray(jax.jit(fun)(*args).first))
+
+
+def test_executable_of_a_loaded_program_takes_the_original_objects(files):
+    path, program, fun, args = files["loss"]
+    exe = jaxpr_cc.compile(jaxpr_cc.load(path))
+    np.testing.assert_allclose(np.asarray(exe(*args)), np.asarray(jax.jit(fun)(*args)),
+                               rtol=1e-6)
+    with pytest.raises(TypeError, match=r"args\[0\] is a .*Pair where the program takes a "
+                                        rf"{__name__}\.Net"):
+        exe(Pair(1.0, 2.0), X)
+
+
+def test_like_also_restores_namedtuples_and_plain_structures(tmp_path):
+    import collections
+    Point = collections.namedtuple("Point", ["x", "y"])
+    program = jaxpr_cc.trace(lambda p: Point(p.y, p.x), Point(jnp.ones(2), jnp.zeros(2)))
+    jaxpr_cc.save(program, tmp_path / "nt.jcc")
+    restored = jaxpr_cc.load(tmp_path / "nt.jcc", like=(Point(jnp.ones(2), jnp.zeros(2)),))
+    out = restored(Point(jnp.ones(2), jnp.zeros(2)))
+    assert type(out) is Point
+    np.testing.assert_array_equal(np.asarray(out.x), np.zeros(2))
+
+
+def test_original_node_with_other_children_is_refused(tmp_path):
+    class Point(eqx.Module):
+        x: jax.Array
+        y: jax.Array
+
+    program = jaxpr_cc.trace(lambda p: p.x * p.y, Point(jnp.ones(2), jnp.ones(2)))
+    jaxpr_cc.save(program, tmp_path / "pt.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "pt.jcc")
+
+    class Point(eqx.Module):  # noqa: F811  (same name, other fields)
+        x: jax.Array
+        z: jax.Array
+
+    with pytest.raises(TypeError, match=r"args\[0\] has children \['\.x', '\.z'\] where the "
+                                        r"saved .*Point has \['\.x', '\.y'\]"):
+        loaded(Point(jnp.ones(2), jnp.ones(2)))
