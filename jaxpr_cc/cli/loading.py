@@ -171,7 +171,7 @@ def trace_target(target: str, args_spec: str | None, args_from: str | None = Non
             return jaxpr_cc.trace(fun, *args, **kwargs)
     except Exception as e:
         raise CliError(f"{target}: tracing failed: {type(e).__name__}: "
-                       f"{' '.join(str(e).split())[:300]}") from e
+                       f"{' '.join(str(e).split())[:600]}") from e
 
 
 def load_saved(target: str):
