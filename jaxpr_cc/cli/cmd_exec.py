@@ -9,7 +9,8 @@ by the argument names ``jaxpr-cc show`` prints (``x``, ``params.w``; saved progr
 only).  Dtypes and shapes must match the program exactly; key arrays are given as
 their ``uint32`` key data; bfloat16/float8 values as arrays of that dtype (numpy
 stores them as raw 2- or 1-byte void items), as the unsigned integers of their bits,
-or as floats that convert exactly.
+or as floats that convert exactly.  A program of one argument array also takes an
+``.npy`` file (``--inputs x.npy``).
 
 Outputs: ``out0``, ``out1``, ... for the flattened result leaves, in order (key
 arrays as their key data).
