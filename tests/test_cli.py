@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import jaxpr_cc
+import jaxpr_cc.io  # jaxpr_cc.io.dumps below; the package loads its modules lazily
 from jaxpr_cc.cli import main as cli_main
 from jaxpr_cc.cli.cmd_show import colourize
 from jaxref import assert_trees_equal
@@ -80,9 +81,11 @@ def work(tmp_path_factory):
     return d
 
 
-def _model():
+def _model(filename: str = "model.py"):
+    """model.py's functions; ``filename`` is the source location a trace records
+    (saved programs keep it: JAX's debug info names the traced function)."""
     namespace: dict = {}
-    exec(compile(MODEL, "model.py", "exec"), namespace)
+    exec(compile(MODEL, filename, "exec"), namespace)
     return namespace
 
 
@@ -120,7 +123,7 @@ def test_trace_to_stdout_pipes_into_show(traced):
     `show -`."""
     saved = run("trace", "model.py:loss", "-o", "-", cwd=traced).stdout
     shown = run("show", "-", cwd=traced, stdin=saved).stdout.decode()
-    namespace = _model()
+    namespace = _model(str(traced / "model.py"))
     expected = jaxpr_cc.trace(namespace["loss"], *namespace["example_args"](),
                               **namespace["example_kwargs"]())
     assert shown == str(expected)

@@ -616,13 +616,13 @@ def test_interrupted_save_leaves_no_partial_file(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert target.read_bytes() == old  # the old file is untouched
     # and an exception while writing removes the temporary file as well
-    from jaxpr_cc.io.atomic import write_file_atomic
+    from jaxpr_cc.io.atomic import write_file
 
     def failing(f):
         f.write(b"partial")
         raise OSError(28, "No space left on device")
     with pytest.raises(OSError):
-        write_file_atomic(str(tmp_path / "q.jcc"), failing)
+        write_file(str(tmp_path / "q.jcc"), failing)
     assert not (tmp_path / "q.jcc").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".q.jcc")] == []
 

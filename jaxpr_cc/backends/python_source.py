@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import tempfile
 from typing import Any, Sequence
 
 import libcst as cst
@@ -96,16 +95,9 @@ def write_python(program, path, *, inline_limit: int = INLINE_LIMIT) -> list[pat
 
 
 def _atomic_write(path: pathlib.Path, write) -> None:
+    from ..io.atomic import write_file  # jaxpr-cc's one file writer
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_file(path, write)
 
 class _ModuleEmitter:
     def __init__(self, program, sidecar_name: str | None, inline_limit: int):

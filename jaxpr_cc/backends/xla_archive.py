@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import zipfile
 from typing import Any
 
@@ -31,6 +30,7 @@ import numpy as np
 from ..io import dtypes as _dtypes
 from ..io import pytrees as _pytrees
 from ..io.errors import FormatError, LoadError, SaveError
+from ..io.atomic import write_file
 from ..io.npy import decode_npy, encode_npy
 
 FORMAT_NAME = "jaxpr-cc-executable"
@@ -43,27 +43,22 @@ _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 # --------------------------------------------------------------------- archive
 def write_archive(path: str, manifest: dict, members: dict[str, bytes]) -> None:
-    """Write the archive atomically: a temp file in the target directory, then
-    ``os.replace``, so readers never see a half-written file."""
+    """Write the archive with jaxpr-cc's one file writer (atomic for regular files:
+    readers never see a half-written file; see :mod:`jaxpr_cc.io.atomic`)."""
     manifest = dict(manifest)
     manifest["files"] = {name: hashlib.sha256(data).hexdigest()
                          for name, data in sorted(members.items())}
     # Not sort_keys: the pytree codec reads a node's kind from its first key.  The
     # manifest is built in a fixed order, so the bytes are deterministic anyway.
     text = json.dumps(manifest, indent=1).encode()
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".jaxpr-cc-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w") as zf:
+
+    def write(raw) -> None:
+        with zipfile.ZipFile(raw, "w") as zf:
             _write_member(zf, MANIFEST, text, zipfile.ZIP_DEFLATED)
             for name, data in sorted(members.items()):
                 # Arrays and bytecode barely compress; storing them keeps saving fast.
                 _write_member(zf, name, data, zipfile.ZIP_STORED)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_file(path, write)
 
 
 def _write_member(zf: zipfile.ZipFile, name: str, data: bytes, method: int) -> None:

@@ -2,6 +2,7 @@
 
     jaxpr-cc compile model.py:loss --args 'f32[3], f32[]' -o loss.jxe
     jaxpr-cc compile saved.jcc -o saved.jxe --pipeline '' --show hlo
+    jaxpr-cc compile saved.jcc -o - > saved.jxe
 
 The file holds the program as ``jax.export`` serialized it plus its parameters;
 ``jaxpr-cc exec`` and ``jaxpr_cc.backends.xla.load_executable`` read it back.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 from .errors import CliError
 
@@ -27,7 +29,7 @@ def register(sub) -> None:
     p.add_argument("--args", dest="args_spec", metavar="SPEC",
                    help="example arguments as shapes and dtypes, e.g. 'f32[3], f32[]'")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
-                   help="where to write the executable")
+                   help="where to write the executable ('-' for stdout)")
     p.add_argument("-p", "--pipeline", default=None, metavar="PIPELINE",
                    help="passes to run before compiling (default: the jit pipeline, "
                         "'closure-convert,hoist-consts,cse,dce'; '' runs none)")
@@ -41,9 +43,12 @@ def run(args) -> int:
     from ..backends import xla
     from ..jit_function import default_pipeline
     from .loading import load_program_arg
+    from .output import STDOUT, check_writable, write_output
 
-    if os.path.isdir(args.output):
-        raise CliError(f"{args.output}: is a directory; -o takes a file name")
+    if args.output == STDOUT and args.show:
+        raise CliError("--show prints to stdout, which -o - already takes for the executable; "
+                       "give -o a file name or drop --show")
+    check_writable(args.output)
     program = load_program_arg(args.program, args.args_spec)
     pipeline = default_pipeline() if args.pipeline is None else args.pipeline
     if pipeline:
@@ -54,17 +59,26 @@ def run(args) -> int:
         raise CliError(f"{args.program}: compiling failed: {type(e).__name__}: {e}") from e
     for kind in args.show:
         sys.stdout.write(_shown(exe, kind).rstrip("\n") + "\n")
-    try:
-        exe.save(args.output)
-    except ValueError as e:
-        raise CliError(str(e)) from e
-    except OSError as e:
-        raise CliError(f"{args.output}: cannot write: {e}") from e
-    print(f"wrote {args.output}: {exe.name}, {len(exe.arg_avals)} argument leaves, "
-          f"{len(exe.params)} params, {exe.out_tree.num_leaves} outputs, "
-          f"{len(exe.devices)} device(s), {os.path.getsize(args.output)} bytes",
+    data = _serialized(exe)
+    write_output(args.output, data)
+    print(f"wrote {'stdout' if args.output == STDOUT else args.output}: {exe.name}, "
+          f"{len(exe.arg_avals)} argument leaves, {len(exe.params)} params, "
+          f"{exe.out_tree.num_leaves} outputs, {len(exe.devices)} device(s), {len(data)} bytes",
           file=sys.stderr)
     return 0
+
+
+def _serialized(exe) -> bytes:
+    """The executable's file, as bytes (written into a private directory first: the
+    backend saves to a path; ``write_output`` then applies the rules of ``-o``)."""
+    with tempfile.TemporaryDirectory(prefix="jaxpr-cc-compile-") as tmp:
+        path = os.path.join(tmp, "executable")
+        try:
+            exe.save(path)
+        except ValueError as e:  # the backend's SaveError: what cannot be serialized
+            raise CliError(" ".join(str(e).split())) from e
+        with open(path, "rb") as f:
+            return f.read()
 
 
 def _run_pipeline(program, pipeline: str):

@@ -57,13 +57,16 @@ def _python_backend(where: str):
 
 
 def write_python_file(program, path: str, where: str) -> None:
+    from ..io.errors import SaveError
+    from .output import write_errors
     backend = _python_backend(where)
-    try:
-        backend.write_python(program, path)
-    except ValueError as e:  # PythonEmitError is a ValueError
-        raise CliError(f"{where}: cannot emit Python: {' '.join(str(e).split())}") from None
-    except OSError as e:
-        raise CliError(f"{path}: cannot write: {e.strerror or e}") from None
+    with write_errors(path):
+        try:
+            backend.write_python(program, path)
+        except SaveError:
+            raise  # the file writer's (a directory, a missing directory)
+        except ValueError as e:  # PythonEmitError is a ValueError
+            raise CliError(f"{where}: cannot emit Python: {' '.join(str(e).split())}") from None
 
 
 def emit(program, form: str, where: str) -> str:

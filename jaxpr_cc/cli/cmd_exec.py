@@ -9,7 +9,8 @@ by the argument names ``jaxpr-cc show`` prints (``x``, ``params.w``; saved progr
 only).  Dtypes and shapes must match the program exactly; key arrays are given as
 their ``uint32`` key data; bfloat16/float8 values as arrays of that dtype (numpy
 stores them as raw 2- or 1-byte void items), as the unsigned integers of their bits,
-or as floats that convert exactly.
+or as floats that convert exactly.  A program of one argument array also takes an
+``.npy`` file (``--inputs x.npy``).
 
 Outputs: ``out0``, ``out1``, ... for the flattened result leaves, in order (key
 arrays as their key data).
@@ -28,7 +29,8 @@ def register(sub) -> None:
                                    "names `show` prints) and write the result leaves as out0, "
                                    "out1, ... to an .npz file.")
     p.add_argument("program", metavar="PROGRAM_OR_EXECUTABLE")
-    p.add_argument("--inputs", required=True, metavar="IN.npz", help="input arrays")
+    p.add_argument("--inputs", required=True, metavar="IN.npz",
+                   help="input arrays (an .npy file for a program of one argument array)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.npz",
                    help="where to write the outputs ('-' for stdout)")
     p.set_defaults(run=run)
@@ -43,7 +45,7 @@ def run(args) -> int:
     from .output import check_writable, write_output
 
     check_writable(args.output)
-    arrays = read_npz(args.inputs, "--inputs")
+    arrays = read_npz(args.inputs, "--inputs", single_name=SINGLE_ARRAY)
     if args.program == "-" or is_saved_program(args.program) or not is_executable(args.program):
         # (a file that is neither gets the saved-program reader's precise complaint)
         program = load_saved(args.program)
@@ -91,9 +93,15 @@ def _host(leaf):
     return np.asarray(leaf)
 
 
+SINGLE_ARRAY = "arg0"  # the name an .npy input (one array) stands for
+
+
 def match_inputs(arrays: dict, avals: list, names: list, where: str) -> list:
     """The argument leaves, in order, from the arrays of an .npz file."""
     n = len(avals)
+    if n != 1 and where.endswith(".npy") and set(arrays) == {SINGLE_ARRAY}:
+        raise CliError(f"{where}: an .npy file holds one array, but the program takes {n} "
+                       f"argument leaves; give an .npz archive with arrays arg0..arg{n - 1}")
     by_position = [f"arg{i}" for i in range(n)]
     keys = set(arrays)
     if keys == set(by_position):

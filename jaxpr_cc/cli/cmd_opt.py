@@ -3,7 +3,7 @@
     jaxpr-cc opt model.py:loss --args 'f32[3], f32[]' -p 'hoist-consts,cse,dce' -o out.jcc
     jaxpr-cc opt saved.jcc -p dce --print-ir-after=dce --statistics
 
-The result is written with ``-o`` (``jaxpr_cc.save``) or printed to stdout;
+The result is saved with ``-o FILE`` (``-o -``: to stdout) or its IR printed to stdout;
 instrumentation (IR dumps, timing and statistics tables) goes to stderr.  Exit
 codes: 0 success, 1 a pass failed (the message names the reproducer), 2 bad
 input or usage.
@@ -27,7 +27,8 @@ def register(sub) -> None:
     p.add_argument("-p", "--pipeline", default=None, metavar="PIPELINE",
                    help="comma-separated passes with options in braces, e.g. "
                         "'hoist-consts{min-bytes=1024},cse,dce'")
-    p.add_argument("-o", "--output", metavar="FILE", help="save the result here (default: print its IR)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="save the result here ('-' for stdout; default: print its IR)")
     p.add_argument("--print-ir-before", default="", metavar="PASSES",
                    help="print the IR before these passes (comma-separated names)")
     p.add_argument("--print-ir-after", default="", metavar="PASSES",
@@ -66,11 +67,12 @@ def list_passes() -> str:
 
 
 def run(args) -> int:
-    import jaxpr_cc
+    from ..io import SaveError, dumps
     from ..ir.verifier import VerificationError
     from ..passes.manager import PassError, PassManager
     from ..passes.pipeline import PipelineError
     from .loading import load_program_arg
+    from .output import check_writable, write_output
 
     if args.list_passes:
         sys.stdout.write(list_passes())
@@ -91,10 +93,8 @@ def run(args) -> int:
         raise CliError(f"-p: {e.one_line()}") from e
     except ValueError as e:
         raise CliError(f"--{str(e).replace('_', '-')}") from e
-    save = getattr(jaxpr_cc, "save", None)
-    if args.output and save is None:
-        raise CliError(f"{args.output}: saving programs is not available in this build; "
-                       f"omit -o to print the IR")
+    if args.output:
+        check_writable(args.output)
     program = load_program_arg(args.program, args.args_spec)
     try:
         # Keep the loaded program untouched (one copy), so that a crash reproducer
@@ -106,9 +106,10 @@ def run(args) -> int:
         raise CliError(f"{args.program}: {e}") from e
     if args.output:
         try:
-            save(result, args.output)
-        except (OSError, ValueError) as e:
+            data = dumps(result)
+        except SaveError as e:
             raise CliError(f"{args.output}: cannot save the result: {e}") from e
+        write_output(args.output, data)
     else:
         sys.stdout.write(str(result))
     return 0

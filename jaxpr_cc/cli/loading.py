@@ -59,20 +59,27 @@ def _split_top(spec: str) -> list[str]:
     return parts
 
 
-def read_npz(path: str, what: str) -> dict:
-    """The arrays of an ``.npz`` file (numeric data only: pickles are refused)."""
+def read_npz(path: str, what: str, single_name: str | None = None) -> dict:
+    """The arrays of an ``.npz`` file (numeric data only: pickles are refused).  A
+    single-array ``.npy`` file is read as ``{single_name: array}`` when the caller
+    takes one (``arg0``: a program of one argument)."""
     import zipfile
 
     import numpy as np
     if not os.path.isfile(path):
         raise CliError(f"{path}: no such file ({what})")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if not hasattr(data, "files"):
-                raise CliError(f"{path}: is a single .npy array, expected an .npz archive ({what})")
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise CliError(f"{path}: cannot read as an .npz archive or .npy array ({what}): "
+                       f"{' '.join(str(e).split())[:200]}") from None
+    if isinstance(data, np.ndarray):  # an .npy file: np.load has read it whole
+        if single_name is None:
+            raise CliError(f"{path}: is a single .npy array, expected an .npz archive ({what})")
+        return {single_name: data}
+    try:
+        with data:
             return {name: data[name] for name in data.files}
-    except CliError:
-        raise
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
         raise CliError(f"{path}: cannot read as an .npz archive of arrays ({what}): "
                        f"{' '.join(str(e).split())[:200]}") from None
@@ -80,7 +87,7 @@ def read_npz(path: str, what: str) -> dict:
 
 def positional_args_from_npz(path: str) -> tuple:
     """Arrays named ``arg0``, ``arg1``, ... of ``--args-from``, in order."""
-    arrays = read_npz(path, "--args-from")
+    arrays = read_npz(path, "--args-from", single_name="arg0")
     bad = sorted(k for k in arrays if not _ARG_KEY.fullmatch(k))
     if bad:
         raise CliError(f"{path}: unexpected array name(s) {bad[:5]}; --args-from expects "
@@ -100,12 +107,20 @@ def import_function(target: str):
     if where.endswith(".py") or os.sep in where:
         if not os.path.isfile(where):
             raise CliError(f"{where}: no such file")
-        spec = importlib.util.spec_from_file_location(
-            "jaxpr_cc_user_" + re.sub(r"\W", "_", os.path.basename(where)[:-3]), where)
+        module_name = "jaxpr_cc_user_" + re.sub(r"\W", "_", os.path.basename(where)[:-3])
+        spec = importlib.util.spec_from_file_location(module_name, where)
         module = importlib.util.module_from_spec(spec)
+        # As `python FILE.py` does: modules next to the file are importable, during the
+        # import and later (a function may import lazily while it is traced).
+        directory = os.path.dirname(os.path.abspath(where))
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        # Registered like any imported module (dataclasses and pickle look it up).
+        sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
         except Exception as e:
+            sys.modules.pop(module_name, None)
             raise CliError(f"{where}: importing failed: {type(e).__name__}: {e}") from e
     else:
         try:
@@ -156,7 +171,7 @@ def trace_target(target: str, args_spec: str | None, args_from: str | None = Non
             return jaxpr_cc.trace(fun, *args, **kwargs)
     except Exception as e:
         raise CliError(f"{target}: tracing failed: {type(e).__name__}: "
-                       f"{' '.join(str(e).split())[:300]}") from e
+                       f"{' '.join(str(e).split())[:600]}") from e
 
 
 def load_saved(target: str):

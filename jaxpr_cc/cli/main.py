@@ -2,8 +2,8 @@
 
 Each subcommand lives in its own module exposing ``register(subparsers)``; the
 parser calls the ``run(args)`` function it registered.  Exit codes: 0 success,
-1 a check failed, 2 usage error or bad input.  Errors print one line; ``--debug``
-shows the traceback.
+1 a check failed, 2 usage error or bad input.  Errors print one line (argparse's
+usage errors too); ``--debug``, before or after the subcommand, shows the traceback.
 """
 from __future__ import annotations
 
@@ -16,18 +16,56 @@ from .errors import CliError
 SUBCOMMANDS = ("demo", "trace", "show", "opt", "emit", "exec", "compile", "golden")
 
 
+DEBUG_HELP = "show Python tracebacks for errors"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2), like every other CLI error;
+    subcommand parsers are of this class too (``add_subparsers`` copies it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} "
+                     f"(see {self.prog} --help)\n")
+
+
+def version_text() -> str:
+    from importlib import metadata
+
+    from .. import __version__
+    versions = []
+    for package in ("jax", "jaxlib"):
+        try:
+            versions.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{package} not installed")
+    return f"jaxpr-cc {__version__} ({', '.join(versions)})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="jaxpr-cc",
         description="A jaxpr-level source-transformation compiler for JAX.")
-    parser.add_argument("--debug", action="store_true",
-                        help="show Python tracebacks for errors")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print the versions of jaxpr-cc, JAX and jaxlib, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:
         importlib.import_module(f"jaxpr_cc.cli.cmd_{name}").register(sub)
+    _accept_debug_everywhere(sub)
     return parser
+
+
+def _accept_debug_everywhere(subparsers) -> None:
+    """``--debug`` after the subcommand (``jaxpr-cc show --debug x.jcc``) too.  The
+    default is SUPPRESS so that a subcommand without it keeps the top-level value."""
+    for parser in subparsers.choices.values():
+        parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                            help=DEBUG_HELP)
+        for action in parser._actions:  # nested subcommands (golden check/update)
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_debug_everywhere(action)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """Python function -> Program."""
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable
 
@@ -30,14 +31,18 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
     from ..closure.convert import convert_program
     from ..closure.session import session
 
-    def flat_fun(args, kwargs):
+    # A fresh function per trace (JAX caches traces by function, and this trace runs
+    # in a closure session), carrying ``fun``'s name, signature and source location
+    # (``__wrapped__``) so that JAX's errors name the user's function and arguments.
+    def traced_fun(*args, **kwargs):
         return fun(*args, **kwargs)
+    functools.update_wrapper(traced_fun, fun, updated=())
 
     options = dict(closed_over=closed_over, max_forward_size=max_forward_size,
                    rule_depth=rule_depth)
     with session(**options):
-        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(
-            tuple(example_args), dict(example_kwargs))
+        closed, out_shape = jax.make_jaxpr(traced_fun, return_shape=True)(
+            *example_args, **example_kwargs)
     in_tree = tree_util.tree_structure((tuple(example_args), dict(example_kwargs)))
     out_tree = tree_util.tree_structure(out_shape)
     names = argument_names(fun, example_args, example_kwargs)

@@ -9,18 +9,16 @@ A directory of view files under ``expected/`` whose program does not exist is
 *stale*, as is a view file the program no longer produces; a program without a
 directory under ``expected/`` is *missing*.  Files that are not named like views
 (a README, say) are left alone.  Files are UTF-8 with ``\\n`` line ends and are written
-atomically (a temporary file in the same directory, then ``os.replace``), and only
+atomically (by :mod:`jaxpr_cc.io.atomic`), and only
 when their content changed, so an update touches nothing else.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import pathlib
 import re
 import shutil
-import tempfile
 from typing import Callable, Iterable, Mapping
 
 __all__ = ["EXPECTED_DIRNAME", "PROGRAMS_DIRNAME", "SyncResult", "expected_root_for",
@@ -42,16 +40,9 @@ def read_text(path: pathlib.Path) -> str:
 
 
 def write_text_atomic(path: pathlib.Path, text: str) -> None:
+    from ..io.atomic import write_bytes  # jaxpr-cc's one file writer
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_bytes(path, text.encode("utf-8"))
 
 
 # The names views have (see .views): other files are never reported or removed,

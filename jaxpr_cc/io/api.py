@@ -9,7 +9,7 @@ import re
 
 from .errors import FormatError, LoadError, SaveError
 from . import format as container
-from .atomic import write_file_atomic
+from .atomic import write_bytes
 
 _RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 
@@ -79,7 +79,8 @@ def dumps(program) -> bytes:
 
 
 def save(program, path) -> None:
-    """Write ``program`` to ``path`` atomically.
+    """Write ``program`` to ``path``: a regular file atomically, a device or FIFO in
+    place, a symlink's target (see :mod:`jaxpr_cc.io.atomic`).
 
     Raises ``SaveError`` (before anything is written) when the program holds
     something the format cannot represent, e.g. a Python callable in a parameter of
@@ -87,7 +88,7 @@ def save(program, path) -> None:
     data = dumps(program)
     path = os.fspath(path)
     try:
-        write_file_atomic(path, lambda f: f.write(data))
+        write_bytes(path, data)
     except OSError as e:
         raise SaveError(f"{path}: cannot write: {e.strerror or e}") from None
 

@@ -142,6 +142,12 @@ class Program:
         flat = self.flatten_args(args, kwargs)
         closed = self.to_jaxpr()
         outs = eval_jaxpr(closed.jaxpr, closed.consts, *self.params, *flat)
+        # Literal and constant outputs come back from the evaluator as numpy-like
+        # values, and passed-through inputs as given: return jax.Arrays, as jax.jit does
+        # (jnp.asarray keeps the dtype and weak type).  Tracers are jax.Arrays already.
+        import jax
+        import jax.numpy as jnp
+        outs = [o if isinstance(o, jax.Array) else jnp.asarray(o) for o in outs]
         return tree_util.tree_unflatten(self.out_tree, outs)
 
     # --------------------------------------------------------- inspection

@@ -306,14 +306,10 @@ def write_reproducer(program, pipeline: str, pass_name: str,
     save = getattr(jaxpr_cc, "save", None)
     if save is not None:
         path = stem + REPRODUCER_SUFFIX
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".reproducer.", suffix=REPRODUCER_SUFFIX)
-        os.close(fd)
         try:
-            save(program, tmp)
-            os.replace(tmp, path)
+            save(program, path)  # atomic: nothing is written when it fails
             return path, ""
         except Exception as e:  # an unsavable program: fall back to the printed IR
-            _remove_quietly(tmp)
             reason = f"jaxpr_cc.save failed: {type(e).__name__}: {e}"
     else:
         reason = "jaxpr_cc.save is not available in this build"
@@ -323,22 +319,8 @@ def write_reproducer(program, pipeline: str, pass_name: str,
 
 
 def _write_text_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".reproducer.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
+    from ..io.atomic import write_bytes  # jaxpr-cc's one file writer
+    write_bytes(path, text.encode("utf-8"))
 
 
 def run_passes(program, pipeline, **options):

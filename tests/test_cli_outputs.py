@@ -1,0 +1,471 @@
+"""Where jaxpr-cc writes, and the command line's rough edges (issue 18).
+
+* The one file writer (``jaxpr_cc.io.atomic``): a regular file is replaced atomically
+  with the user's umask (a replaced file keeps its mode), a FIFO or device is written
+  in place and never replaced, a symlink's target is written and the link kept.
+* ``-o -`` is stdout on every subcommand that writes; CLI outputs get the umask.
+* ``jaxpr-cc demo`` terminates for every ``--b``; the example solver is capped.
+* Trace errors name the user's function; ``--debug`` after the subcommand;
+  ``trace FILE.py:F`` imports modules next to FILE.py; ``exec --inputs x.npy``;
+  constant outputs are jax.Arrays; ``--version``.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import zipfile
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+import pytest
+
+import jaxpr_cc
+from jaxpr_cc.cli import cmd_demo
+from jaxpr_cc.cli.main import build_parser, main
+from jaxpr_cc.examples import fixed_point as ex
+from jaxpr_cc.io import SaveError, dumps, loads
+from jaxpr_cc.io.atomic import write_bytes, write_file
+from jaxref import assert_trees_equal
+
+MODEL = textwrap.dedent('''
+    import jax.numpy as jnp
+
+    def f(x):
+        return jnp.sin(x) * 2.0 + 1.0
+
+    def two(x, y):
+        return x * y
+
+    def branchy(x):
+        if x > 0:
+            return x
+        return -x
+''')
+X = np.linspace(-1.0, 2.0, 5, dtype=np.float32)
+
+
+def f_reference(x):
+    return jnp.sin(x) * 2.0 + 1.0
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.fixture
+def null_device(tmp_path):
+    """A character device that discards what is written: /dev/null itself, except as
+    root, where a writer that wrongly replaced it would break the machine; root gets
+    its own node of the same device instead."""
+    if os.geteuid() != 0:
+        return "/dev/null"
+    path = tmp_path / "null"
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    return str(path)
+
+
+def _is_null_device(path) -> bool:
+    st = os.lstat(path)
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(MODEL)
+    return path
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _leftovers(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+class FifoReader:
+    """Reads a FIFO to its end on a thread (a writer's open() waits for a reader)."""
+
+    def __init__(self, path):
+        self.data = None
+        self._thread = threading.Thread(target=self._read, args=(path,), daemon=True)
+        self._thread.start()
+
+    def _read(self, path):
+        with open(path, "rb") as f:
+            self.data = f.read()
+
+    def result(self) -> bytes:
+        self._thread.join(timeout=120)
+        assert not self._thread.is_alive(), "the FIFO's reader never saw end of file"
+        return self.data
+
+
+# ------------------------------------------------------------- the file writer
+@pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_new_files_get_the_umask(tmp_path, umask, expected):
+    old = os.umask(umask)
+    try:
+        write_bytes(tmp_path / "new.bin", b"data")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.bin").read_bytes() == b"data"
+    assert _mode(tmp_path / "new.bin") == expected
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_replaced_regular_file_keeps_its_mode_and_is_a_new_file(tmp_path, umask_022):
+    target = tmp_path / "old.bin"
+    target.write_bytes(b"old content, longer than the new one")
+    os.chmod(target, 0o600)
+    inode = os.stat(target).st_ino
+    write_bytes(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert _mode(target) == 0o600
+    assert os.stat(target).st_ino != inode  # renamed into place, not rewritten
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_symlink_is_followed_and_kept(tmp_path, umask_022):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = elsewhere / "real.bin"
+    target.write_bytes(b"old")
+    link = tmp_path / "link.bin"
+    link.symlink_to(target)
+    write_bytes(link, b"through the link")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_bytes() == b"through the link"
+    assert _leftovers(tmp_path) == [] and _leftovers(elsewhere) == []
+    # a dangling link: its target is created (as the shell's `>` does)
+    dangling = tmp_path / "dangling.bin"
+    dangling.symlink_to(elsewhere / "created.bin")
+    write_bytes(dangling, b"created")
+    assert dangling.is_symlink() and (elsewhere / "created.bin").read_bytes() == b"created"
+    assert _mode(elsewhere / "created.bin") == 0o644
+
+
+def test_a_fifo_is_written_in_place(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = FifoReader(fifo)
+    arrays = {"a": np.arange(6.0).reshape(2, 3), "b": np.array([1, 2], np.int32)}
+    # np.savez seeks while writing a zip: the writer gets a seekable file even here
+    write_file(fifo, lambda f: np.savez(f, **arrays))
+    with np.load(io.BytesIO(reader.result())) as got:
+        assert_trees_equal(dict(got), arrays)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_symlink_to_a_fifo_writes_the_fifo(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    reader = FifoReader(fifo)
+    write_bytes(link, b"x" * 200_000)  # more than a pipe's buffer
+    assert reader.result() == b"x" * 200_000
+    assert link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_device_is_never_replaced(null_device):
+    inode = os.stat(null_device).st_ino
+    write_bytes(null_device, b"discarded")
+    assert _is_null_device(null_device) and os.stat(null_device).st_ino == inode
+
+
+def test_directories_are_refused(tmp_path):
+    with pytest.raises(SaveError, match="is a directory"):
+        write_bytes(tmp_path, b"x")
+    with pytest.raises(SaveError, match="does not exist"):
+        write_bytes(tmp_path / "no" / "such" / "dir.bin", b"x")
+
+
+def test_save_follows_the_same_rules(tmp_path, umask_022, null_device):
+    program = jaxpr_cc.trace(f_reference, X)
+    data = dumps(program)
+    jaxpr_cc.save(program, tmp_path / "p.jcc")
+    assert _mode(tmp_path / "p.jcc") == 0o644
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = FifoReader(fifo)
+    program.save(fifo)
+    assert reader.result() == data
+    jaxpr_cc.save(program, null_device)
+    assert _is_null_device(null_device)
+    link = tmp_path / "link.jcc"
+    link.symlink_to(tmp_path / "p.jcc")
+    jaxpr_cc.save(program, link)
+    assert link.is_symlink()
+    np.testing.assert_allclose(jaxpr_cc.load(link)(X), f_reference(X), rtol=1e-6)
+
+
+# ------------------------------------------------------------ the command line
+def _stdout_of(argv, capsysbinary) -> bytes:
+    assert main([str(a) for a in argv]) == 0, capsysbinary.readouterr().err.decode()
+    return capsysbinary.readouterr().out
+
+
+def test_dash_o_dash_is_stdout_on_every_writing_subcommand(model, tmp_path, capsysbinary,
+                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = f"{model}:f"
+    traced = loads(_stdout_of(["trace", target, "--args", "f32[5]", "-o", "-"], capsysbinary))
+    np.testing.assert_allclose(traced(X), f_reference(X), rtol=1e-6)
+    saved = tmp_path / "f.jcc"
+    jaxpr_cc.save(traced, saved)
+
+    optimized = loads(_stdout_of(["opt", saved, "-p", "cse,dce", "-o", "-"], capsysbinary))
+    np.testing.assert_allclose(optimized(X), f_reference(X), rtol=1e-6)
+
+    compiled = _stdout_of(["compile", saved, "-o", "-"], capsysbinary)
+    assert zipfile.is_zipfile(io.BytesIO(compiled))
+    (tmp_path / "f.jxe").write_bytes(compiled)
+    from jaxpr_cc.backends.xla import load_executable
+    np.testing.assert_allclose(load_executable(str(tmp_path / "f.jxe"))(X), f_reference(X),
+                               rtol=1e-6)
+
+    emitted = _stdout_of(["emit", saved, "--to", "jaxpr", "-o", "-"], capsysbinary).decode()
+    assert "sin" in emitted and "lambda" in emitted
+
+    np.savez(tmp_path / "in.npz", arg0=X)
+    with np.load(io.BytesIO(_stdout_of(["exec", saved, "--inputs", "in.npz", "-o", "-"],
+                                       capsysbinary))) as out:
+        np.testing.assert_allclose(out["out0"], f_reference(X), rtol=1e-6)
+    assert not (tmp_path / "-").exists()  # no file named '-' anywhere
+
+
+def test_compile_to_stdout_refuses_show(model, tmp_path, capsys):
+    assert main(["compile", f"{model}:f", "--args", "f32[5]", "-o", "-", "--show", "hlo"]) == 2
+    err = capsys.readouterr().err
+    assert "--show" in err and "-o -" in err and len(err.splitlines()) == 1
+
+
+def test_cli_outputs_get_the_umask_and_keep_devices(model, tmp_path, capsys, umask_022,
+                                                    null_device):
+    target = f"{model}:f"
+    outputs = {
+        "trace": ["trace", target, "--args", "f32[5]", "-o"],
+        "opt": ["opt", target, "--args", "f32[5]", "-p", "dce", "-o"],
+        "compile": ["compile", target, "--args", "f32[5]", "-o"],
+        "emit.py": ["emit", target, "--args", "f32[5]", "--to", "python", "-o"],
+        "emit.mlir": ["emit", target, "--args", "f32[5]", "--to", "stablehlo", "-o"],
+    }
+    for name, argv in outputs.items():
+        path = tmp_path / (name if "." in name else name + ".out")
+        assert main(argv + [str(path)]) == 0, capsys.readouterr().err
+        assert _mode(path) == 0o644, name
+        assert main(argv + [null_device]) == 0, capsys.readouterr().err
+        assert _is_null_device(null_device), name
+    np.savez(tmp_path / "in.npz", arg0=X)
+    assert main(["exec", str(tmp_path / "trace.out"), "--inputs", str(tmp_path / "in.npz"),
+                 "-o", str(tmp_path / "out.npz")]) == 0
+    assert _mode(tmp_path / "out.npz") == 0o644
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_cli_writes_a_fifo_and_follows_a_symlink(model, tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = FifoReader(fifo)
+    assert main(["trace", f"{model}:f", "--args", "f32[5]", "-o", str(fifo)]) == 0
+    np.testing.assert_allclose(loads(reader.result())(X), f_reference(X), rtol=1e-6)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    (tmp_path / "real.jcc").write_bytes(b"")
+    link = tmp_path / "link.jcc"
+    link.symlink_to(tmp_path / "real.jcc")
+    assert main(["compile", f"{model}:f", "--args", "f32[5]", "-o", str(link)]) == 0
+    assert link.is_symlink() and zipfile.is_zipfile(tmp_path / "real.jcc")
+
+
+# ------------------------------------------------------------------- the demo
+def test_demo_range_matches_the_example():
+    assert cmd_demo.B_RANGE == ex.B_RANGE
+
+
+def test_demo_rejects_b_outside_its_range_in_one_line(capsys):
+    for value in ("2", "-3", "nan", "inf", "two", "1e30"):
+        with pytest.raises(SystemExit) as info:
+            main(["demo", "--b", value])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "argument --b" in err and "Traceback" not in err
+
+
+def test_demo_reports_non_convergence(capsys):
+    # The range check is argparse's; the demo still checks the solver itself.
+    assert cmd_demo.run(argparse.Namespace(b=2.0, show_ir=False)) == 1
+    out = capsys.readouterr().out
+    assert f"did not converge within {ex.MAX_ITERATIONS} steps" in out
+    assert out.rstrip().endswith("NOT CONVERGED")
+
+
+def test_demo_terminates_for_values_that_used_to_hang(tmp_path):
+    cmd = [sys.executable, "-m", "jaxpr_cc.cli.main", "demo", "--b"]
+    proc = subprocess.run(cmd + ["2"], capture_output=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.decode().splitlines()) == 1
+    # the end of the range where the iteration is slowest converges and matches the
+    # implicit-function reference (the whole range: the test below)
+    proc = subprocess.run(cmd + ["1"], capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+    assert proc.stdout.decode().rstrip().endswith("match")
+
+
+def test_the_example_solver_terminates_outside_its_range():
+    # Each of these used to loop forever (2 oscillates; 1e6 is a contraction only on
+    # paper: float32 cannot resolve steps below 0.03 there).
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp, jaxpr_cc
+        from jaxpr_cc.examples import fixed_point as ex
+        program = jaxpr_cc.trace(ex.solve_closed_over, jnp.float32(0.7))
+        for b in (2.0, -3.0, 1e6):
+            b = jnp.float32(b)
+            value, grad = jax.jit(program)(b), jax.jit(jax.grad(program))(b)
+            x, steps, converged = ex.solve_closed_over_status(b)
+            assert int(steps) == ex.MAX_ITERATIONS and not bool(converged), (b, steps)
+            assert float(value) == float(jax.jit(ex.solve_closed_over)(b)), b
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.decode().strip() == "ok", proc.stderr.decode()
+
+
+def test_the_capped_solver_matches_jax_and_the_reference_in_range():
+    bs = jnp.linspace(*ex.B_RANGE, 61, dtype=jnp.float32)
+    x, steps, converged = jax.jit(jax.vmap(ex.solve_closed_over_status))(bs)
+    assert bool(converged.all()) and int(steps.max()) < ex.MAX_ITERATIONS
+    program = jaxpr_cc.trace(ex.solve_closed_over, jnp.float32(0.7))
+    np.testing.assert_allclose(jax.jit(jax.vmap(program))(bs),
+                               jax.jit(jax.vmap(ex.solve_closed_over))(bs), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(jax.jit(jax.vmap(jax.grad(program)))(bs),
+                               jax.vmap(ex.solve_closed_over_reference_grad)(bs),
+                               rtol=1e-3, atol=1e-4)
+
+
+# -------------------------------------------------------------- rough edges
+def test_trace_errors_name_the_users_function(model, tmp_path, capsys):
+    assert main(["trace", f"{model}:branchy", "--args", "f32[]", "-o", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "flat_fun" not in err and len(err.splitlines()) == 1
+    line = MODEL.splitlines().index("def branchy(x):") + 1
+    assert f"the function branchy at {model}:{line} " in err and "argument x" in err
+
+
+def test_trace_errors_name_the_users_function_in_the_library():
+    def my_model(x, *, scale):
+        return x * scale if x.sum() > 0 else x
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        jaxpr_cc.trace(my_model, X, scale=2.0)
+    message = str(info.value)
+    assert "flat_fun" not in message and "the function my_model at" in message
+    assert "argument x" in message
+
+
+def test_debug_is_accepted_after_the_subcommand(capsys):
+    parser = build_parser()
+    assert parser.parse_args(["--debug", "show", "x.jcc"]).debug is True
+    assert parser.parse_args(["show", "x.jcc", "--debug"]).debug is True
+    assert parser.parse_args(["golden", "check", "--debug"]).debug is True
+    assert parser.parse_args(["show", "x.jcc"]).debug is False
+    assert main(["show", "--debug", "missing.jcc"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.rstrip().endswith("missing.jcc: no such file")
+    assert main(["show", "missing.jcc"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_trace_imports_modules_next_to_the_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    helper = "jaxpr_cc_h18_neighbour"
+    monkeypatch.delitem(sys.modules, helper, raising=False)
+    (tmp_path / f"{helper}.py").write_text("def scale(x):\n    return 3.0 * x\n")
+    (tmp_path / "uses_neighbour.py").write_text(textwrap.dedent(f"""
+        from {helper} import scale
+
+        def f(x):
+            import {helper}  # imported again while tracing
+            return {helper}.scale(scale(x)) + 1.0
+    """))
+    monkeypatch.chdir(os.path.dirname(os.path.abspath(__file__)))  # not next to the file
+    out = tmp_path / "f.jcc"
+    assert main(["trace", f"{tmp_path / 'uses_neighbour.py'}:f", "--args", "f32[5]",
+                 "-o", str(out)]) == 0, capsys.readouterr().err
+    np.testing.assert_allclose(jaxpr_cc.load(out)(X), 9.0 * X + 1.0, rtol=1e-6)
+    monkeypatch.delitem(sys.modules, helper, raising=False)
+
+
+def test_exec_takes_an_npy_file_for_a_single_argument(model, tmp_path, capsys):
+    program = tmp_path / "f.jcc"
+    assert main(["trace", f"{model}:f", "--args", "f32[5]", "-o", str(program)]) == 0
+    np.save(tmp_path / "x.npy", X)
+    assert main(["exec", str(program), "--inputs", str(tmp_path / "x.npy"),
+                 "-o", str(tmp_path / "out.npz")]) == 0, capsys.readouterr().err
+    with np.load(tmp_path / "out.npz") as out:
+        np.testing.assert_allclose(out["out0"], f_reference(X), rtol=1e-6)
+    # a compiled executable takes it too
+    assert main(["compile", str(program), "-o", str(tmp_path / "f.jxe")]) == 0
+    assert main(["exec", str(tmp_path / "f.jxe"), "--inputs", str(tmp_path / "x.npy"),
+                 "-o", str(tmp_path / "out2.npz")]) == 0, capsys.readouterr().err
+    with np.load(tmp_path / "out2.npz") as out:
+        np.testing.assert_allclose(out["out0"], f_reference(X), rtol=1e-6)
+    # a program of two arguments: a clear one-line error
+    two = tmp_path / "two.jcc"
+    assert main(["trace", f"{model}:two", "--args", "f32[5], f32[5]", "-o", str(two)]) == 0
+    capsys.readouterr()
+    assert main(["exec", str(two), "--inputs", str(tmp_path / "x.npy"), "-o", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "one array" in err and "2 argument leaves" in err and len(err.splitlines()) == 1
+
+
+def test_constant_outputs_are_jax_arrays(tmp_path):
+    def f(x):
+        return x * 2, jnp.float32(3.0), np.ones(2, np.float32), 1.5, 2, x
+
+    expected = jax.jit(f)(X[:2])
+    program = jaxpr_cc.trace(f, X[:2])
+    jaxpr_cc.save(program, tmp_path / "c.jcc")
+    variants = {"traced": program, "loaded": jaxpr_cc.load(tmp_path / "c.jcc"),
+                "optimized": jaxpr_cc.run_passes(program, jaxpr_cc.DEFAULT_PIPELINE),
+                "compiled": jaxpr_cc.compile(program)}
+    for name, run in variants.items():
+        for arg in (X[:2], jnp.asarray(X[:2])):  # numpy in, jax.Array out (as jax.jit)
+            got = run(arg)
+            for i, (g, e) in enumerate(zip(got, expected)):
+                assert isinstance(g, jax.Array), (name, i, type(g))
+                assert (g.dtype, g.weak_type) == (e.dtype, e.weak_type), (name, i)
+                np.testing.assert_array_equal(g, e)
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out == (f"jaxpr-cc {jaxpr_cc.__version__} (jax {jax.__version__}, "
+                   f"jaxlib {jaxlib.__version__})")
+
+
+def test_help_tells_the_truth(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "--version" in out and "--debug" in out
+    for command, needle in (("demo", "[-2, 1]"), ("opt", "'-' for stdout"),
+                            ("compile", "'-' for stdout"), ("trace", "'-' for stdout"),
+                            ("exec", ".npy"), ("show", "--debug")):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert needle in " ".join(capsys.readouterr().out.split()), command
