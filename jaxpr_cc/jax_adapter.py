@@ -671,3 +671,21 @@ def source_summary(source_info) -> str:
     if source_info is None:
         return ""
     return _source_info_util.summarize(source_info)
+
+
+# --- jaxpr_cc.jit as a drop-in for jax.jit (jit_function.py, tools/run_jax_tests.py)
+def jit_resolved_argnums(jitted) -> tuple:
+    """``(static_argnums, static_argnames, donate_argnums, donate_argnames)`` of a
+    ``jax.jit`` object, as JAX resolved them against the function's signature (a name
+    given only by position gets its name and vice versa, negatives normalized).
+    ``jaxpr_cc.jit`` splits static from dynamic arguments exactly as JAX did."""
+    info = jitted._jit_info
+    return (tuple(info.static_argnums), tuple(info.static_argnames),
+            tuple(info.donate_argnums), tuple(info.donate_argnames))
+
+
+def jit_defining_modules() -> tuple:
+    """The modules whose ``jit`` attribute is the public ``jax.jit``: ``jax`` and the
+    internal ``jax._src.api`` (JAX's own tests call ``api.jit``)."""
+    from jax._src import api as _api
+    return (jax, _api)
