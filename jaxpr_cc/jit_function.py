@@ -346,13 +346,10 @@ def _leaf_aval(x: Any, label: str):
 
 
 def _spec(aval) -> jax.ShapeDtypeStruct:
-    sharding = getattr(aval, "sharding", None)
-    kw = {}
-    if sharding is not None and not sharding.mesh.empty:
-        # Sharding in types (jax.set_mesh with explicit axes): the program is traced
-        # at the same sharded types as jax.jit traces the function.
-        kw["sharding"] = sharding
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, **kw)
+    # With sharding in types (jax.set_mesh, Explicit axes) the program is traced at
+    # the same sharded types as jax.jit traces the function.
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
+                                **xla._typed_sharding(aval))
 
 
 def _holds_tracers(program: Program) -> bool:

@@ -49,7 +49,18 @@ def _name_function(fun, name: str) -> None:
 def _specs(avals, weak_types=None) -> list:
     if weak_types is None:
         weak_types = [getattr(a, "weak_type", False) for a in avals]
-    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=w) for a, w in zip(avals, weak_types)]
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=w, **_typed_sharding(a))
+            for a, w in zip(avals, weak_types)]
+
+
+def _typed_sharding(aval) -> dict:
+    """``{"sharding": ...}`` when ``aval``'s type carries a sharding (a mesh set with
+    ``jax.set_mesh`` and Explicit axes), so the program is lowered at the sharded
+    types it was traced at; else ``{}``."""
+    sharding = getattr(aval, "sharding", None)
+    if sharding is None or sharding.mesh.empty:
+        return {}
+    return {"sharding": sharding}
 
 
 # ------------------------------------------------------------------- compile
