@@ -19,8 +19,7 @@ import jax
 from jax import tree_util
 
 from ..ir.program import Program
-from ..jax_adapter import (compiled_fast_call, executable_fastpath, jaxpr_as_fun,
-                           named_sharding_from_hlo)
+from ..jax_adapter import compiled_fast_call, jaxpr_as_fun, named_sharding_from_hlo
 from . import xla_archive
 from .xla_archive import LoadError, SaveError
 
@@ -228,12 +227,6 @@ class Executable:
         """``f(*argument_leaves)``: the executable on already-flattened arguments, with
         the parameters bound."""
         return self._fast
-
-    def fastpath(self, outputs):
-        """What JAX's C++ jit dispatcher needs to run this executable by itself (None
-        if it cannot): ``jaxpr_cc.jit`` hands it over after a call returned
-        ``outputs``."""
-        return executable_fastpath(self._compiled, self.params, len(self.arg_avals), outputs)
 
     def _check_structure(self, tree) -> None:
         # A loaded executable rebuilds namedtuples as fresh classes: the caller's own
