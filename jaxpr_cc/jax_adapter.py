@@ -619,3 +619,12 @@ def jit_defining_modules() -> tuple:
     internal ``jax._src.api`` (JAX's own tests call ``api.jit``)."""
     from jax._src import api as _api
     return (jax, _api)
+
+
+def trace_context() -> tuple:
+    """What JAX's own tracing caches key on besides the function and its argument
+    types: the named axes in scope (vmap/shard_map axis names and sizes), the mesh
+    context and every configuration option that changes tracing (x64, matmul
+    precision...).  ``jaxpr_cc.jit`` keys its programs on it too."""
+    from jax._src import config as _config
+    return _config.trace_context()

@@ -27,7 +27,7 @@ from jax import tree_util
 
 from .backends import xla
 from .ir.program import Program
-from .jax_adapter import jit_resolved_argnums
+from .jax_adapter import jit_resolved_argnums, trace_context
 
 __all__ = ["DEFAULT", "DEFAULT_PIPELINE", "JitFunction", "default_pipeline", "jit"]
 
@@ -112,8 +112,10 @@ class JitFunction:
         self._label = f"jaxpr_cc.jit({_fun_name(fun)})"
         self._pipeline = _resolve_pipeline(pipeline, self._label)
         self._options = dict(jit_options)
+        # jax.jit's own checks of the function itself (not callable, a generator
+        # function...), which the stand-in would pass: its errors, raised here.
+        jax.jit(fun)
         if not callable(fun):
-            jax.jit(fun, **jit_options)  # raises jax.jit's own error for this value
             raise TypeError(f"{self._label}: expected a function, got {type(fun).__name__}")
         self._fun = fun
         try:
@@ -174,7 +176,7 @@ class JitFunction:
             # (jax.disable_jit): then it runs the Python function, and so do we.
             return self._fun(*args, **kwargs)
         avals = [jax.typeof(x) for x in leaves]
-        key = (tree, _statics_key(statics), *avals)
+        key = (tree, _statics_key(statics), trace_context(), *avals)
         entry = self._cache.get(key)
         if entry is None:
             entry = self._add_entry(key, statics, tree, avals)
@@ -299,7 +301,7 @@ class JitFunction:
         dyn_args, dyn_kwargs, statics = self._split_statics(args, kwargs)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         avals = [_leaf_aval(x, self._label) for x in leaves]
-        key = (tree, _statics_key(statics), *avals)
+        key = (tree, _statics_key(statics), trace_context(), *avals)
         try:
             entry = self._cache.get(key)
         except TypeError:

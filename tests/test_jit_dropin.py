@@ -77,6 +77,10 @@ def test_static_argnames_and_argnums_errors_are_jax_jits():
                {"donate_argnums": 0, "static_argnums": 0}):
         _same_error(lambda: jaxpr_cc.jit(f, **kw), lambda: jax.jit(f, **kw))
     _same_error(lambda: jaxpr_cc.jit(3), lambda: jax.jit(3), TypeError)
+
+    def generator(x):
+        yield x
+    _same_error(lambda: jaxpr_cc.jit(generator), lambda: jax.jit(generator), TypeError)
     ours = jaxpr_cc.jit(f, static_argnames="n")
     assert_trees_equal(ours(jnp.ones(2), n=3), jax.jit(f, static_argnames="n")(jnp.ones(2), n=3))
     _same_error(lambda: ours(jnp.ones(2), n=[3]),
@@ -251,3 +255,15 @@ def test_methods_bind_like_jax_jit():
     assert_trees_equal(Scale(4.0).apply_static(x), x * 4.0)
     assert isinstance(Scale.__dict__["apply"], type(jax.jit(lambda x: x)))
     assert np.array_equal(np.asarray(Scale.apply_static(s, x)), np.asarray(x * 3.0))
+
+
+def test_programs_are_keyed_on_the_axis_environment():
+    # A program traced under vmap with axis "i" of size 2 bakes that size in; under
+    # size 3 it is another program (as jax.jit's caches tell them apart).
+    def f():
+        return jax.lax.axis_size("i")
+    ours = jaxpr_cc.jit(f)
+    for n in (2, 3):
+        got = jax.vmap(ours, axis_name="i", axis_size=n, out_axes=None)()
+        want = jax.vmap(jax.jit(f), axis_name="i", axis_size=n, out_axes=None)()
+        assert int(got) == int(want) == n
