@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Any, Callable, Iterable
 
 import jax
@@ -83,7 +84,21 @@ def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT,
              if v is not _NOT_GIVEN}
     if fun is _NOT_GIVEN:
         return functools.partial(jit, pipeline=pipeline, **given)
-    return JitFunction(fun, pipeline=pipeline, jit_options=given).wrapper()
+    # jax.jit's own checks of the function itself (not callable, a generator
+    # function...), which the stand-in would pass: its errors, raised here.
+    jax.jit(fun)
+    stand_in = JitFunction.shared(fun, pipeline, given)
+    # jax.jit validates every keyword here and raises its own errors (a bad
+    # static_argnums is its ValueError, not something found while tracing).
+    jitted = jax.jit(stand_in, **given)
+    return stand_in.state.attach(jitted, fun)
+
+
+#: fun -> {(pipeline, jax.jit options): stand-in}.  As jax.jit's global cache is
+#: keyed on the function and the options, so is this: ``jaxpr_cc.jit(f)(x)`` twice
+#: traces ``f`` once.  Weak in ``fun``; a stand-in holds ``fun`` only weakly, so an
+#: entry lives as long as ``fun`` does and keeps nothing alive by itself.
+_SHARED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 class _Entry:
@@ -93,82 +108,129 @@ class _Entry:
 
     def __init__(self, program: Program):
         self.program = program
-        self.evaluate: Callable | None = None
+        self.evaluate = xla.emit_function(program)
         self.executables: dict = {}
 
     def run(self, leaves: list):
-        if self.evaluate is None:
-            self.evaluate = xla.emit_function(self.program)
         outs = self.evaluate(*self.program.params, *leaves)
         return tree_util.tree_unflatten(self.program.out_tree, outs)
 
 
+class _StandIn:
+    """What ``jax.jit`` wraps: it runs jaxpr-cc's program for the signature JAX
+    traces it at.  It looks like the user's function to JAX (name, signature, and
+    ``__wrapped__`` for JAX's source locations in errors and debug info) but holds
+    it only weakly: ``jit`` keeps a stand-in as long as the function lives."""
+
+    def __init__(self, state: "JitFunction", fun: Callable):
+        self.state = state
+        inner = fun
+        while isinstance(inner, functools.partial):
+            inner = inner.func
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            value = getattr(fun, attr, None)
+            if value is None:
+                value = getattr(inner, attr, None)
+            if value is not None:
+                setattr(self, attr, value)
+        if state._signature is not None:
+            self.__signature__ = state._signature
+
+    @property
+    def __wrapped__(self):
+        return self.state._fun
+
+    def __call__(self, *args, **kwargs):
+        return self.state._staged_call(args, kwargs)
+
+    def __repr__(self) -> str:
+        return repr(self.state._fun)
+
+
 class JitFunction:
-    """The state behind a ``jaxpr_cc.jit`` function: options, the ``jax.jit`` object
-    around the stand-in, and the per-signature programs.  ``jit`` returns
-    :meth:`wrapper`."""
+    """The state behind ``jaxpr_cc.jit`` functions of one Python function and one
+    set of options: the stand-in ``jax.jit`` wraps, and the per-signature programs.
+    Nothing here refers to the ``jax.jit`` objects (no reference cycles: dropping
+    the last of them frees the programs and what they closed over at once)."""
 
     def __init__(self, fun: Callable, *, pipeline: Any, jit_options: dict):
+        if not callable(fun):
+            raise TypeError(f"jaxpr_cc.jit: expected a function, got {type(fun).__name__}")
         self._label = f"jaxpr_cc.jit({_fun_name(fun)})"
         self._pipeline = _resolve_pipeline(pipeline, self._label)
         self._options = dict(jit_options)
-        # jax.jit's own checks of the function itself (not callable, a generator
-        # function...), which the stand-in would pass: its errors, raised here.
-        jax.jit(fun)
-        if not callable(fun):
-            raise TypeError(f"{self._label}: expected a function, got {type(fun).__name__}")
-        self._fun = fun
+        try:
+            self._fun_ref: Callable[[], Any] = weakref.ref(fun)
+            self._weak_error: TypeError | None = None
+        except TypeError as e:
+            # jax.jit's caches hold functions weakly: it accepts such a function
+            # but fails when called, with this error; so do we.
+            self._fun_ref = lambda: fun
+            self._weak_error = e
         try:
             self._signature: inspect.Signature | None = inspect.signature(fun)
         except (TypeError, ValueError):
             self._signature = None
-        # jax.jit validates every keyword here and raises its own errors (a bad
-        # static_argnums is its ValueError, not something found while tracing).
-        self._jitted = jax.jit(self._stand_in(), **jit_options)
-        static_nums, static_names, donate_nums, _ = jit_resolved_argnums(self._jitted)
-        self._static_nums: tuple[int, ...] = static_nums
-        self._static_names: frozenset[str] = frozenset(static_names)
-        self._has_statics = bool(static_nums or static_names)
-        # donate_argnames are resolved to positions by JAX when the signature is known.
-        self._donate_nums: tuple[int, ...] = donate_nums
+        self._static_nums: tuple[int, ...] = ()
+        self._static_names: frozenset[str] = frozenset()
+        self._has_statics = False
+        self._donate_nums: tuple[int, ...] = ()
+        self._resolved = False
         self._cache: dict = {}
 
-    def _stand_in(self) -> Callable:
-        """What ``jax.jit`` wraps: it has ``fun``'s name, signature and source location
-        (so JAX's errors and debug info name the user's function), and it runs
-        jaxpr-cc's program for the signature JAX traces it at."""
-        fun = self._fun
-
-        def stand_in(*args, **kwargs):
-            return self._staged_call(args, kwargs)
-        functools.update_wrapper(stand_in, fun)
-        if not hasattr(fun, "__name__"):
-            stand_in.__name__ = stand_in.__qualname__ = _fun_name(fun)
+    @classmethod
+    def shared(cls, fun: Callable, pipeline: Any, jit_options: dict) -> "_StandIn":
+        """The stand-in for ``fun`` with these options: the one made before while
+        ``fun`` lives, else a new one (with a new state)."""
+        try:
+            key = (_option_key(pipeline), _option_key(jit_options))
+            hash(key)
+            per_fun = _SHARED.get(fun)
+        except TypeError:  # unhashable options, or fun cannot be weakly referenced
+            return _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
+        stand_in = per_fun.get(key) if per_fun is not None else None
+        if stand_in is None:
+            stand_in = _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
+            if stand_in.state._weak_error is None:
+                _SHARED.setdefault(fun, {})[key] = stand_in
         return stand_in
 
-    # ---------------------------------------------------------------- calling
-    def __call__(self, *args, **kwargs):
-        return self._jitted(*args, **kwargs)
+    @property
+    def _fun(self) -> Callable:
+        return self._fun_ref()
 
-    def wrapper(self) -> Callable:
-        """The function ``jit`` returns: the ``jax.jit`` object itself, with
-        ``program``, ``executable``, ``cache_size`` and ``clear_cache`` of ours."""
-        jitted = self._jitted
+    def attach(self, jitted, fun) -> Callable:
+        """``jitted`` (a ``jax.jit`` of the stand-in) as ``jit`` returns it: with
+        ``program``, ``executable``, ``cache_size`` and ``clear_cache`` of ours, and
+        holding ``fun`` (the stand-in does not)."""
+        if not self._resolved:
+            static_nums, static_names, donate_nums, _ = jit_resolved_argnums(jitted)
+            self._static_nums = static_nums
+            self._static_names = frozenset(static_names)
+            self._has_statics = bool(static_nums or static_names)
+            # donate_argnames are resolved to positions by JAX when the signature is known.
+            self._donate_nums = donate_nums
+            self._resolved = True
         jax_clear_cache = type(jitted).clear_cache
+        jitted_ref = weakref.ref(jitted)
         jitted.program = self.program
         jitted.executable = self.executable
         jitted.cache_size = self.cache_size
 
         def clear_cache() -> None:
             self._cache.clear()
-            jax_clear_cache(jitted)
+            alive = jitted_ref()
+            if alive is not None:
+                jax_clear_cache(alive)
         jitted.clear_cache = clear_cache
-        jitted.__wrapped__ = self._fun
+        jitted.__wrapped__ = fun
         return jitted
 
     def _staged_call(self, args: tuple, kwargs: dict):
         """The stand-in's body, called by ``jax.jit`` with static arguments as values
         and every dynamic leaf as a tracer of its trace."""
+        if self._weak_error is not None:
+            raise TypeError(*self._weak_error.args)
         dyn_args, dyn_kwargs, statics = self._split_statics(args, kwargs)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         if not all(isinstance(x, jax.core.Tracer) for x in leaves):
@@ -179,7 +241,7 @@ class JitFunction:
         key = (tree, _statics_key(statics), trace_context(), *avals)
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._add_entry(key, statics, tree, avals)
+            entry, _ = self._add_entry(key, statics, tree, avals, leaves)
         return entry.run(leaves)
 
     def _split_statics(self, args: tuple, kwargs: dict):
@@ -213,9 +275,11 @@ class JitFunction:
         return TypeError(f"{self._label}: the arguments cannot be used as a cache key")
 
     # ------------------------------------------------------------ new signature
-    def _add_entry(self, key, statics, tree, avals) -> _Entry:
+    def _add_entry(self, key, statics, tree, avals, leaves) -> _Entry:
         target = self._bind_statics(statics)
-        spec_args, spec_kwargs = tree_util.tree_unflatten(tree, [_spec(a) for a in avals])
+        # Arrays are traced at their types; other leaves (tokens) as themselves.
+        specs = [_spec(a) if hasattr(a, "shape") else x for a, x in zip(avals, leaves)]
+        spec_args, spec_kwargs = tree_util.tree_unflatten(tree, specs)
         # Errors raised by the user's function propagate unchanged from here.
         from .frontend.trace import trace
         program = trace(target, *spec_args, **spec_kwargs)
@@ -225,7 +289,7 @@ class JitFunction:
             # A program that closed over a tracer of an enclosing transformation is
             # only valid inside that trace: use it once, never cache it.
             self._cache[key] = entry
-        return entry
+        return entry, program
 
     def _bind_statics(self, statics) -> Callable:
         fun = self._fun
@@ -271,15 +335,14 @@ class JitFunction:
     # ---------------------------------------------------------- inspection
     def program(self, *args, **kwargs) -> Program:
         """The program (after the pipeline) that runs for these arguments."""
-        return self._entry_for(args, kwargs)[0].program
+        return self._entry_for(args, kwargs)[1]
 
     def executable(self, *args, **kwargs) -> xla.Executable:
         """The program for these arguments compiled with :func:`jaxpr_cc.compile`,
         placed as this ``jit`` places it (its in_shardings/out_shardings, else the
         arguments' committed shardings; its donated arguments): an
         :class:`~jaxpr_cc.Executable` that can be saved and loaded elsewhere."""
-        entry, dyn_args, statics, leaves, tree = self._entry_for(args, kwargs)
-        program = entry.program
+        entry, program, dyn_args, statics, leaves = self._entry_for(args, kwargs)
         args_tree, kwargs_tree = program.in_tree.children()
         given = self._options.get("in_shardings")
         flat_given = (xla._flat_arg_shardings(program, given, args_tree, kwargs_tree)
@@ -294,7 +357,7 @@ class JitFunction:
                                    out_shardings=self._options.get("out_shardings"),
                                    donated=donated,
                                    compiler_options=self._options.get("compiler_options"))
-            entry.executables[place] = exe
+            entry.executables[place] = exe  # holds its program
         return exe
 
     def _entry_for(self, args, kwargs) -> tuple:
@@ -307,15 +370,17 @@ class JitFunction:
         except TypeError:
             raise self._unhashable(statics) from None
         if entry is None:
-            entry = self._add_entry(key, statics, tree, avals)
-        return entry, dyn_args, statics, leaves, tree
+            entry, _ = self._add_entry(key, statics, tree, avals, leaves)
+        return entry, entry.program, dyn_args, statics, leaves
 
     def cache_size(self) -> int:
         """How many programs (input signatures) this function has traced."""
         return len(self._cache)
 
     def clear_cache(self) -> None:
-        self.wrapper().clear_cache()
+        """Forget the traced programs (``jit(f).clear_cache()`` also clears
+        jax.jit's caches of the stand-in)."""
+        self._cache.clear()
 
     def __repr__(self) -> str:
         return f"<{self._label}>"
@@ -327,6 +392,16 @@ def _fun_name(fun: Any) -> str:
         fun = fun.func
     return getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or \
         type(fun).__name__
+
+
+def _option_key(value):
+    """A hashable form of a jit option (dicts, e.g. compiler_options, as sorted
+    items); raises TypeError when there is none."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _option_key(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("list", tuple(_option_key(v) for v in value))
+    return (type(value), value)
 
 
 def _statics_key(statics):

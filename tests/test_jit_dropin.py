@@ -267,3 +267,60 @@ def test_programs_are_keyed_on_the_axis_environment():
         got = jax.vmap(ours, axis_name="i", axis_size=n, out_axes=None)()
         want = jax.vmap(jax.jit(f), axis_name="i", axis_size=n, out_axes=None)()
         assert int(got) == int(want) == n
+
+
+def test_jit_of_the_same_function_twice_traces_once():
+    # JAX registers some configuration on first use, which changes the trace
+    # context once per process: warm up first.
+    jaxpr_cc.jit(lambda a: a + 1.0)(1.0)
+    traces = []
+
+    def f(x):
+        traces.append(1)
+        return x * 2.0
+    jaxpr_cc.jit(f)(2.0)
+    jaxpr_cc.jit(f)(3.0)  # a new jit object: jax.jit's global cache, and ours
+    assert len(traces) == 1
+    jaxpr_cc.jit(f, static_argnums=())(3.0)
+    jaxpr_cc.jit(f, pipeline=None)(3.0)  # other options: other programs
+    assert len(traces) == 3
+
+
+def test_dropping_the_function_frees_what_it_closed_over():
+    import gc
+    import weakref
+    x = jnp.ones(10)
+    f = (lambda x: lambda: x)(x)
+    g = jaxpr_cc.jit(f)
+    x = weakref.ref(x)
+    assert_trees_equal(g(), jnp.ones(10))
+    del f
+    assert x() is not None and g() is not None
+    del g
+    gc.collect()  # jaxpr-cc's IR graphs hold back-references: freed by the collector
+    assert x() is None
+
+
+def test_names_repr_and_tokens_like_jax_jit():
+    import functools
+
+    def my_function(x):
+        return x
+    for fun in (my_function, functools.partial(my_function),
+                functools.partial(functools.partial(my_function))):
+        ours, ref = jaxpr_cc.jit(fun), jax.jit(fun)
+        assert ours.__getstate__()["function_name"] == ref.__getstate__()["function_name"]
+        assert repr(ours) == repr(ref)
+        assert inspect.signature(ours) == inspect.signature(ref)
+
+    class NoWeakref:
+        __slots__ = []
+
+        def __call__(self, x):
+            return x + 1
+    _same_error(lambda: jaxpr_cc.jit(NoWeakref())(3), lambda: jax.jit(NoWeakref())(3),
+                TypeError)
+    token = jax.lax.create_token()
+    arr, out_token = jaxpr_cc.jit(lambda a, t: (a * 2.0, t))(jnp.ones(3), token)
+    assert type(out_token) is type(token) and out_token is not token
+    assert_trees_equal(arr, jnp.full(3, 2.0))
