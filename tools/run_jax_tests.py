@@ -4,7 +4,7 @@
 Usage::
 
     python tools/run_jax_tests.py PATH/TO/lax_control_flow_test.py [--swap jit]
-        [--swap closure_convert] [--no-swap] [-- PYTEST ARGS...]
+        [--swap closure_convert] [--no-swap] [--ids FILE] [-- PYTEST ARGS...]
 
 The test file is read where it is (this script fetches nothing and copies nothing):
 check out JAX's ``tests/`` at the tag matching the installed JAX, e.g.
@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("test_file", help="a JAX test file (e.g. lax_control_flow_test.py)")
     parser.add_argument("--swap", action="append", choices=sorted(SWAPPABLE),
                         help="what to swap for jaxpr-cc's (repeatable; default: jit)")
+    parser.add_argument("--ids", metavar="FILE",
+                        help="run only these tests: a file with one test id a line, "
+                             "'Class::test_name' or 'path::Class::test_name' (the order "
+                             "is kept)")
     parser.add_argument("--no-swap", action="store_true",
                         help="swap nothing: run the file as JAX runs it (the baseline)")
     opts = parser.parse_args(argv)
@@ -119,7 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     import pytest
     plugin = SwapPlugin([str(path)], names)
     # rootdir next to the test file, so no conftest of ours applies to it.
-    args = [str(path), "--rootdir", str(path.parent), *pytest_args]
+    if opts.ids:
+        try:
+            wanted = [line.strip() for line in open(opts.ids) if line.strip()]
+        except OSError as e:
+            parser.error(f"--ids {opts.ids!r}: {e.strerror}")
+        # Ids name tests of the given file, whatever path they were written with.
+        targets = [f"{path}::{i.split('.py::', 1)[-1]}" for i in wanted]
+    else:
+        targets = [str(path)]
+    args = [*targets, "--rootdir", str(path.parent), *pytest_args]
     return int(pytest.main(args, plugins=[plugin]))
 
 
