@@ -18,7 +18,6 @@ device count must be set before JAX is imported).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from pathlib import Path

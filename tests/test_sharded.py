@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,9 +70,12 @@ def test_saved_programs_run_in_two_jax_distributed_processes(single_process):
                                str(i), "2"], env=_env(4), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
     outputs = []
+    deadline = time.monotonic() + DISTRIBUTED_TIMEOUT
     try:
         for p in procs:
-            outputs.append(p.communicate(timeout=DISTRIBUTED_TIMEOUT))
+            # One deadline for both: a process waiting on a dead peer must not
+            # get a fresh timeout of its own.
+            outputs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
     finally:
         for p in procs:
             if p.poll() is None:
