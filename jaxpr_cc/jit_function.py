@@ -189,6 +189,10 @@ class JitFunction:
         except TypeError:  # unhashable options, or fun cannot be weakly referenced
             return _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
         stand_in = per_fun.get(key) if per_fun is not None else None
+        if stand_in is not None and stand_in.state._fun is not fun:
+            # An equal but distinct callable: it gets its own stand-in, which holds
+            # it (a shared one would trace the other object).
+            return _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
         if stand_in is None:
             stand_in = _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
             if stand_in.state._weak_error is None:

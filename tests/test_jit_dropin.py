@@ -324,3 +324,23 @@ def test_names_repr_and_tokens_like_jax_jit():
     arr, out_token = jaxpr_cc.jit(lambda a, t: (a * 2.0, t))(jnp.ones(3), token)
     assert type(out_token) is type(token) and out_token is not token
     assert_trees_equal(arr, jnp.full(3, 2.0))
+
+
+def test_equal_but_distinct_callables_trace_themselves():
+    class Scaled:
+        def __init__(self, k):
+            self.k = k
+
+        def __eq__(self, other):
+            return isinstance(other, Scaled)  # all equal, as some module libraries do
+
+        def __hash__(self):
+            return 0
+
+        def __call__(self, x):
+            return x * self.k
+    two, three = Scaled(2.0), Scaled(3.0)
+    assert float(jaxpr_cc.jit(two)(1.0)) == 2.0
+    f3 = jaxpr_cc.jit(three)
+    del two
+    assert float(f3(jnp.float32(1.0))) == float(three(jnp.float32(1.0))) == 3.0
