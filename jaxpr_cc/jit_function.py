@@ -14,7 +14,8 @@ whose body carries the program's own custom derivative rules).
 On top of ``jax.jit`` the returned function has ``.program(*args)`` (the program
 after the pipeline), ``.executable(*args)`` (that program compiled with
 :func:`jaxpr_cc.compile`, which can be saved), ``.cache_size()`` (programs traced)
-and ``.clear_cache()``.
+and ``.clear_cache()``.  As with ``jax.jit``'s global cache, ``jit`` objects of the
+same function with the same options share their programs.
 """
 from __future__ import annotations
 
