@@ -92,7 +92,7 @@ def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT,
     # jax.jit validates every keyword here and raises its own errors (a bad
     # static_argnums is its ValueError, not something found while tracing).
     jitted = jax.jit(stand_in, **given)
-    return stand_in.state.attach(jitted, fun)
+    return stand_in._jaxpr_cc_state.attach(jitted, fun)
 
 
 #: fun -> {(pipeline, jax.jit options): stand-in}.  As jax.jit's global cache is
@@ -124,11 +124,15 @@ class _StandIn:
     it only weakly: ``jit`` keeps a stand-in as long as the function lives."""
 
     def __init__(self, state: "JitFunction", fun: Callable):
-        self.state = state
+        # The function's own attributes first (jax.jit copies them all onto the
+        # object it returns, as functools.wraps does), then ours.
+        self.__dict__.update(getattr(fun, "__dict__", {}))
+        self.__dict__.pop("__wrapped__", None)
+        self._jaxpr_cc_state = state
         inner = fun
         while isinstance(inner, functools.partial):
             inner = inner.func
-        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__"):
             value = getattr(fun, attr, None)
             if value is None:
                 value = getattr(inner, attr, None)
@@ -139,13 +143,13 @@ class _StandIn:
 
     @property
     def __wrapped__(self):
-        return self.state._fun
+        return self._jaxpr_cc_state._fun
 
     def __call__(self, *args, **kwargs):
-        return self.state._staged_call(args, kwargs)
+        return self._jaxpr_cc_state._staged_call(args, kwargs)
 
     def __repr__(self) -> str:
-        return repr(self.state._fun)
+        return repr(self._jaxpr_cc_state._fun)
 
 
 class JitFunction:
@@ -190,13 +194,13 @@ class JitFunction:
         except TypeError:  # unhashable options, or fun cannot be weakly referenced
             return _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
         stand_in = per_fun.get(key) if per_fun is not None else None
-        if stand_in is not None and stand_in.state._fun is not fun:
+        if stand_in is not None and stand_in._jaxpr_cc_state._fun is not fun:
             # An equal but distinct callable: it gets its own stand-in, which holds
             # it (a shared one would trace the other object).
             return _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
         if stand_in is None:
             stand_in = _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
-            if stand_in.state._weak_error is None:
+            if stand_in._jaxpr_cc_state._weak_error is None:
                 _SHARED.setdefault(fun, {})[key] = stand_in
         return stand_in
 

@@ -100,6 +100,8 @@ def test_static_values_of_equal_hash_but_other_type_are_other_programs():
     assert ours.cache_size() == 3
 
 
+# Donating both inputs leaves one unusable (one output): jax.jit warns, and so do we.
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 @pytest.mark.parametrize("kw", [{"donate_argnums": (0,)}, {"donate_argnames": "x"},
                                 {"donate_argnames": ("x", "y")}])
 def test_donation(kw):
@@ -344,3 +346,14 @@ def test_equal_but_distinct_callables_trace_themselves():
     f3 = jaxpr_cc.jit(three)
     del two
     assert float(f3(jnp.float32(1.0))) == float(three(jnp.float32(1.0))) == 3.0
+
+
+def test_wrapped_attributes_like_jax_jit():
+    def f(x: int) -> int:
+        """docstring of f."""
+        return x + 1
+    f.some_value = 4
+    ours, ref = jaxpr_cc.jit(f), jax.jit(f)
+    for attr in ("__doc__", "__name__", "__module__", "__qualname__", "__annotations__",
+                 "some_value"):
+        assert getattr(ours, attr) == getattr(ref, attr), attr
