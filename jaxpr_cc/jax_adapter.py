@@ -400,19 +400,8 @@ def is_ordered_effect(effect: Any) -> bool:
     return effect is _debugging.ordered_debug_effect
 
 
-# --- XLA executables and jaxpr_cc.jit (backends/xla.py, jit.py) ---------------
-from jax._src import array as _array  # noqa: E402
+# --- XLA executables (backends/xla.py) ----------------------------------------
 from jax._src import sharding_impls as _xla_sharding_impls  # noqa: E402
-
-#: The concrete array type: ``jaxpr_cc.jit``'s cache lookup tests ``type(x) is
-#: ArrayImpl`` first, the cheapest way to recognise the common argument.
-ArrayImpl = _array.ArrayImpl
-
-#: ``trace_state_clean()``: True when no JAX transformation is tracing, so
-#: ``jaxpr_cc.jit`` may run its compiled executable rather than bind the program
-#: into the trace.  It is called on every cached call, so this is the bound method
-#: that ``jax._src.core.trace_state_clean`` itself calls (one Python frame less).
-trace_state_clean = _core.trace_ctx.is_top_level
 
 
 def compiled_fast_call(compiled):
@@ -428,65 +417,6 @@ def compiled_fast_call(compiled):
             return compiled
         compiled._call = call
     return call
-
-
-def make_jit_dispatcher(name: str, cache_miss, static_argnums, static_argnames,
-                        capacity: int = 4096):
-    """JAX's C++ jit dispatcher (the callable ``jax.jit`` returns), driven by our own
-    ``cache_miss``; returns ``(dispatcher, cache)``.
-
-    The dispatcher flattens a call, computes its signature (pytree, avals with weak
-    types, committed shardings, static argument values, trace context) and, on a hit,
-    runs the cached XLA executable without entering Python.  On a miss it calls
-    ``cache_miss(*args, **kwargs) -> (outputs, fastpath or None, False)``; the
-    fastpath (see :func:`executable_fastpath`) is what it caches.  ``jaxpr_cc.jit``
-    uses it so that a cached call costs what a ``jax.jit`` call costs.
-    """
-    from jax._src import tree_util as _tree_util
-    from jax._src.interpreters import pxla as _pxla
-    from jax._src.lib import _jax
-    cache = _jax.PjitFunctionCache(capacity=capacity)
-    dispatcher = _jax.pjit(name, None, cache_miss, list(static_argnums), list(static_argnames),
-                           _pxla.JitGlobalCppCacheKeys(), _tree_util.dispatch_registry,
-                           _pxla.cc_shard_arg, cache)
-    return dispatcher, cache
-
-
-def executable_fastpath(compiled, const_args, n_args: int, outputs):
-    """What the C++ dispatcher caches to run ``compiled`` for one signature: its XLA
-    executable, with ``const_args`` (our bound parameters, already on device as it
-    reads them) before the ``n_args`` argument leaves; ``outputs`` is what this call
-    returned.  None when the executable
-    cannot take the fast path (effects, host callbacks, outputs that are not plain
-    arrays), exactly as ``jax.jit`` decides (``pjit._get_fastpath_data``).
-    """
-    from jax._src import dtypes as _dtypes
-    from jax._src import tree_util as _tree_util
-    from jax._src.interpreters import pxla as _pxla
-    executable = compiled._executable
-    if not (isinstance(executable, _pxla.MeshExecutable)
-            and isinstance(executable.unsafe_call, _pxla.ExecuteReplicated)):
-        return None
-    call = executable.unsafe_call
-    if call.ordered_effects or call.has_unordered_effects or call.has_host_callbacks:
-        return None
-    out_flat, dispatch_tree = _tree_util.dispatch_registry.flatten(outputs, None)
-    if not all(isinstance(x, ArrayImpl) for x in out_flat):
-        return None
-    # JAX passes large constants of the jaxpr as leading arguments too ("const
-    # args"); they come before ours.
-    jax_consts = compiled._params.const_args
-    const_args = [*(executable.shard_const_args(jax_consts) if jax_consts else ()), *const_args]
-    kept = [i in executable._kept_var_idx for i in range(len(const_args) + n_args)]
-    in_shardings = [
-        _xla_sharding_impls.physical_sharding(a, s)
-        if a is not _core.abstract_token and _dtypes.issubdtype(a.dtype, _dtypes.extended)
-        else s
-        for s, a in zip(executable._in_shardings, executable.in_avals)]
-    return _pxla.MeshExecutableFastpathData(
-        executable.xla_executable, dispatch_tree, in_shardings, executable._out_shardings,
-        [o.aval for o in out_flat], [o._committed for o in out_flat], kept,
-        executable._dispatch_in_layouts, const_args)
 
 
 def named_sharding_from_hlo(sharding, mesh):
@@ -848,3 +778,28 @@ def is_batch_tracer(x) -> bool:
     """Whether ``x`` is a ``jax.vmap`` tracer (whose type is the per-example type)."""
     from jax._src.interpreters import batching as _batching
     return isinstance(x, _batching.BatchTracer)
+# --- jaxpr_cc.jit as a drop-in for jax.jit (jit_function.py, tools/run_jax_tests.py)
+def jit_resolved_argnums(jitted) -> tuple:
+    """``(static_argnums, static_argnames, donate_argnums, donate_argnames)`` of a
+    ``jax.jit`` object, as JAX resolved them against the function's signature (a name
+    given only by position gets its name and vice versa, negatives normalized).
+    ``jaxpr_cc.jit`` splits static from dynamic arguments exactly as JAX did."""
+    info = jitted._jit_info
+    return (tuple(info.static_argnums), tuple(info.static_argnames),
+            tuple(info.donate_argnums), tuple(info.donate_argnames))
+
+
+def jit_defining_modules() -> tuple:
+    """The modules whose ``jit`` attribute is the public ``jax.jit``: ``jax`` and the
+    internal ``jax._src.api`` (JAX's own tests call ``api.jit``)."""
+    from jax._src import api as _api
+    return (jax, _api)
+
+
+def trace_context() -> tuple:
+    """What JAX's own tracing caches key on besides the function and its argument
+    types: the named axes in scope (vmap/shard_map axis names and sizes), the mesh
+    context and every configuration option that changes tracing (x64, matmul
+    precision...).  ``jaxpr_cc.jit`` keys its programs on it too."""
+    from jax._src import config as _config
+    return _config.trace_context()

@@ -1,20 +1,27 @@
 """``jaxpr_cc.jit``: a drop-in for ``jax.jit`` that compiles through jaxpr-cc.
 
-Per input signature it traces the function with :func:`jaxpr_cc.trace` (custom
-rules materialized, closures converted), runs the pass pipeline, emits the program
-and compiles it with XLA into an :class:`~jaxpr_cc.Executable`.  Called with
-concrete arguments it runs that executable; called while a JAX transformation is
-tracing (``grad``, ``vmap``, ``jvp``, an outer ``jit``...) it binds the emitted
-program into that trace, wrapped in one ``jax.jit`` call, so the transformation sees
-the program's own custom derivative rules.
+``jaxpr_cc.jit(f, **options)`` is a real ``jax.jit`` object, built with the same
+options, around a stand-in for ``f``.  When JAX traces the stand-in for a new input
+signature, the stand-in traces ``f`` with :func:`jaxpr_cc.trace` (custom rules
+materialized, closures converted), runs the pass pipeline and evaluates the
+resulting program on JAX's tracers.  So what JAX compiles is jaxpr-cc's program,
+and everything else is ``jax.jit`` itself: keyword validation and its errors,
+static and donated arguments, shardings, the C++ dispatch cache, the AOT stages
+(``.trace()``, ``.lower()``, ``.eval_shape()``), ``jax.eval_shape``, and
+transformations (an outer ``grad``/``vmap``/``jvp``/``jit`` sees one ``jit`` call
+whose body carries the program's own custom derivative rules).
 
-The returned callable is JAX's C++ jit dispatcher with our cache miss behind it:
-once a signature has run, its calls go from C++ straight to our executable.
+On top of ``jax.jit`` the returned function has ``.program(*args)`` (the program
+after the pipeline), ``.executable(*args)`` (that program compiled with
+:func:`jaxpr_cc.compile`, which can be saved), ``.cache_size()`` (programs traced)
+and ``.clear_cache()``.  As with ``jax.jit``'s global cache, ``jit`` objects of the
+same function with the same options share their programs.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Any, Callable, Iterable
 
 import jax
@@ -22,7 +29,7 @@ from jax import tree_util
 
 from .backends import xla
 from .ir.program import Program
-from .jax_adapter import ArrayImpl, make_jit_dispatcher, trace_state_clean
+from .jax_adapter import jit_resolved_argnums, trace_context
 
 __all__ = ["DEFAULT", "DEFAULT_PIPELINE", "JitFunction", "default_pipeline", "jit"]
 
@@ -41,125 +48,216 @@ class _Default:
 DEFAULT: Any = _Default()
 
 
-def jit(fun: Callable | None = None, *, pipeline: Any = DEFAULT,
-        static_argnums: int | Iterable[int] | None = None,
-        static_argnames: str | Iterable[str] | None = None,
-        donate_argnums: int | Iterable[int] | None = None) -> Callable:
-    """Compile ``fun`` through jaxpr-cc; use like ``jax.jit`` (also as
-    ``@jit(static_argnums=...)``).
+class _NotGiven:
+    """A ``jax.jit`` keyword the caller did not pass: JAX's own default applies."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN: Any = _NotGiven()
+
+
+def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT,
+        in_shardings: Any = _NOT_GIVEN, out_shardings: Any = _NOT_GIVEN,
+        static_argnums: int | Iterable[int] | None = _NOT_GIVEN,
+        static_argnames: str | Iterable[str] | None = _NOT_GIVEN,
+        donate_argnums: int | Iterable[int] | None = _NOT_GIVEN,
+        donate_argnames: str | Iterable[str] | None = _NOT_GIVEN,
+        keep_unused: bool = _NOT_GIVEN, device: Any = _NOT_GIVEN, backend: Any = _NOT_GIVEN,
+        inline: bool = _NOT_GIVEN, compiler_options: dict | None = _NOT_GIVEN) -> Callable:
+    """Compile ``fun`` through jaxpr-cc; use exactly like ``jax.jit`` (the same
+    keywords, also as ``@jit(static_argnums=...)``).
 
     ``pipeline`` is a pass pipeline string for ``jaxpr_cc.run_passes``; ``None`` or
     ``""`` runs no passes; ``DEFAULT`` runs the passes of :data:`DEFAULT_PIPELINE`
-    that this build has.
+    that this build has.  The other keywords are ``jax.jit``'s and mean what they
+    mean there.
     """
-    if fun is None:
-        return functools.partial(jit, pipeline=pipeline, static_argnums=static_argnums,
-                                 static_argnames=static_argnames, donate_argnums=donate_argnums)
-    return JitFunction(fun, pipeline=pipeline, static_argnums=static_argnums,
-                       static_argnames=static_argnames, donate_argnums=donate_argnums).wrapper()
+    given = {k: v for k, v in (("in_shardings", in_shardings), ("out_shardings", out_shardings),
+                               ("static_argnums", static_argnums),
+                               ("static_argnames", static_argnames),
+                               ("donate_argnums", donate_argnums),
+                               ("donate_argnames", donate_argnames),
+                               ("keep_unused", keep_unused), ("device", device),
+                               ("backend", backend), ("inline", inline),
+                               ("compiler_options", compiler_options))
+             if v is not _NOT_GIVEN}
+    if fun is _NOT_GIVEN:
+        return functools.partial(jit, pipeline=pipeline, **given)
+    # jax.jit's own checks of the function itself (not callable, a generator
+    # function...), which the stand-in would pass: its errors, raised here.
+    jax.jit(fun)
+    stand_in = JitFunction.shared(fun, pipeline, given)
+    # jax.jit validates every keyword here and raises its own errors (a bad
+    # static_argnums is its ValueError, not something found while tracing).
+    jitted = jax.jit(stand_in, **given)
+    return stand_in._jaxpr_cc_state.attach(jitted, fun)
+
+
+#: fun -> {(pipeline, jax.jit options): stand-in}.  As jax.jit's global cache is
+#: keyed on the function and the options, so is this: ``jaxpr_cc.jit(f)(x)`` twice
+#: traces ``f`` once.  Weak in ``fun``; a stand-in holds ``fun`` only weakly, so an
+#: entry lives as long as ``fun`` does and keeps nothing alive by itself.
+_SHARED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 class _Entry:
-    """One input signature: its program, and lazily its executable and bound form."""
-    __slots__ = ("program", "executable", "bound", "arg_shardings", "donated")
+    """One traced input signature: its program, how to evaluate it on JAX's tracers,
+    and (on request) its compiled executables by argument placement."""
+    __slots__ = ("program", "evaluate", "executables")
 
-    def __init__(self, program: Program, arg_shardings: list, donated: list[int]):
+    def __init__(self, program: Program):
         self.program = program
-        self.executable: xla.Executable | None = None
-        self.bound: Callable | None = None
-        self.arg_shardings = arg_shardings
-        self.donated = donated
+        self.evaluate = xla.emit_function(program)
+        self.executables: dict = {}
 
-    def compile(self) -> xla.Executable:
-        self.executable = xla.compile_flat(self.program, self.arg_shardings,
-                                           donated=self.donated)
-        return self.executable
-
-    def bind(self, leaves: list):
-        if self.bound is None:
-            # One jax.jit around the emitted program: an outer jit sees a single call,
-            # and grad/vmap/jvp transform the program's equations, custom rules included.
-            self.bound = jax.jit(xla.emit_function(self.program))
-        outs = self.bound(*self.program.params, *leaves)
+    def run(self, leaves: list):
+        outs = self.evaluate(*self.program.params, *leaves)
         return tree_util.tree_unflatten(self.program.out_tree, outs)
 
 
-class JitFunction:
-    """The state behind a ``jaxpr_cc.jit`` function: options and the cache of
-    per-signature entries.  ``jit`` returns :meth:`wrapper`."""
+class _StandIn:
+    """What ``jax.jit`` wraps: it runs jaxpr-cc's program for the signature JAX
+    traces it at.  It looks like the user's function to JAX (name, signature, and
+    ``__wrapped__`` for JAX's source locations in errors and debug info) but holds
+    it only weakly: ``jit`` keeps a stand-in as long as the function lives."""
 
-    def __init__(self, fun: Callable, *, pipeline: Any, static_argnums, static_argnames,
-                 donate_argnums):
+    def __init__(self, state: "JitFunction", fun: Callable):
+        # The function's own attributes first (jax.jit copies them all onto the
+        # object it returns, as functools.wraps does), then ours.
+        self.__dict__.update(getattr(fun, "__dict__", {}))
+        self.__dict__.pop("__wrapped__", None)
+        self._jaxpr_cc_state = state
+        inner = fun
+        while isinstance(inner, functools.partial):
+            inner = inner.func
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__"):
+            value = getattr(fun, attr, None)
+            if value is None:
+                value = getattr(inner, attr, None)
+            if value is not None:
+                setattr(self, attr, value)
+        if state._signature is not None:
+            self.__signature__ = state._signature
+
+    @property
+    def __wrapped__(self):
+        return self._jaxpr_cc_state._fun
+
+    def __call__(self, *args, **kwargs):
+        return self._jaxpr_cc_state._staged_call(args, kwargs)
+
+    def __repr__(self) -> str:
+        return repr(self._jaxpr_cc_state._fun)
+
+
+class JitFunction:
+    """The state behind ``jaxpr_cc.jit`` functions of one Python function and one
+    set of options: the stand-in ``jax.jit`` wraps, and the per-signature programs.
+    Nothing here refers to the ``jax.jit`` objects (no reference cycles: dropping
+    the last of them frees the programs and what they closed over at once)."""
+
+    def __init__(self, fun: Callable, *, pipeline: Any, jit_options: dict):
         if not callable(fun):
             raise TypeError(f"jaxpr_cc.jit: expected a function, got {type(fun).__name__}")
-        self._fun = fun
-        self._label = f"jaxpr_cc.jit({getattr(fun, '__qualname__', None) or fun!r})"
+        self._label = f"jaxpr_cc.jit({_fun_name(fun)})"
         self._pipeline = _resolve_pipeline(pipeline, self._label)
+        self._options = dict(jit_options)
+        try:
+            self._fun_ref: Callable[[], Any] = weakref.ref(fun)
+            self._weak_error: TypeError | None = None
+        except TypeError as e:
+            # jax.jit's caches hold functions weakly: it accepts such a function
+            # but fails when called, with this error; so do we.
+            self._fun_ref = lambda: fun
+            self._weak_error = e
         try:
             self._signature: inspect.Signature | None = inspect.signature(fun)
         except (TypeError, ValueError):
             self._signature = None
-        nums, names = _static_spec(self._signature, static_argnums, static_argnames, self._label)
-        self._static_nums: tuple[int, ...] = nums
-        self._static_names: frozenset[str] = names
-        self._has_statics = bool(nums or names)
-        self._donate_nums = _int_tuple(donate_argnums, "donate_argnums", self._label)
-        clash = set(self._donate_nums) & set(nums)
-        if clash:
-            raise ValueError(f"{self._label}: arguments {sorted(clash)} are both static and "
-                             f"donated; only array arguments can be donated")
+        self._static_nums: tuple[int, ...] = ()
+        self._static_names: frozenset[str] = frozenset()
+        self._has_statics = False
+        self._donate_nums: tuple[int, ...] = ()
+        self._resolved = False
         self._cache: dict = {}
-        self._cpp_cache: Any = None  # the C++ dispatcher's cache, once wrapper() made it
 
-    # ---------------------------------------------------------------- calling
-    def __call__(self, *args, **kwargs):
-        return self.cache_miss(*args, **kwargs)[0]
-
-    def _lookup(self, args: tuple, kwargs: dict) -> tuple:
-        if self._has_statics:
-            args, kwargs, statics = self._split_statics(args, kwargs)
-        else:
-            statics = None
-        leaves, tree = tree_util.tree_flatten((args, kwargs))
-        key = (tree, statics, *[x.aval if type(x) is ArrayImpl and not x.committed
-                                else _leaf_key(x, self._label) for x in leaves])
+    @classmethod
+    def shared(cls, fun: Callable, pipeline: Any, jit_options: dict) -> "_StandIn":
+        """The stand-in for ``fun`` with these options: the one made before while
+        ``fun`` lives, else a new one (with a new state)."""
         try:
-            entry = self._cache.get(key)
-        except TypeError:
-            raise self._unhashable(statics) from None
-        return entry, key, args, kwargs, statics, leaves, tree
+            key = (_option_key(pipeline), _option_key(jit_options))
+            hash(key)
+            per_fun = _SHARED.get(fun)
+        except TypeError:  # unhashable options, or fun cannot be weakly referenced
+            return _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
+        stand_in = per_fun.get(key) if per_fun is not None else None
+        if stand_in is not None and stand_in._jaxpr_cc_state._fun is not fun:
+            # An equal but distinct callable: it gets its own stand-in, which holds
+            # it (a shared one would trace the other object).
+            return _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
+        if stand_in is None:
+            stand_in = _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
+            if stand_in._jaxpr_cc_state._weak_error is None:
+                _SHARED.setdefault(fun, {})[key] = stand_in
+        return stand_in
 
-    def wrapper(self) -> Callable:
-        """The function ``jit`` returns: JAX's own C++ jit dispatcher, with
-        :meth:`cache_miss` behind it.  After a concrete call it caches our
-        executable's fast path for that signature, so a cached call never enters
-        Python: it costs what a ``jax.jit`` call costs, and signatures (static
-        values, weak types, committed shardings, trace context) are told apart
-        exactly as ``jax.jit`` tells them apart."""
-        name = getattr(self._fun, "__name__", "fun")
-        jitted, self._cpp_cache = make_jit_dispatcher(
-            name, self.cache_miss, self._static_nums, sorted(self._static_names))
-        functools.update_wrapper(jitted, self._fun)
+    @property
+    def _fun(self) -> Callable:
+        return self._fun_ref()
+
+    def attach(self, jitted, fun) -> Callable:
+        """``jitted`` (a ``jax.jit`` of the stand-in) as ``jit`` returns it: with
+        ``program``, ``executable``, ``cache_size`` and ``clear_cache`` of ours, and
+        holding ``fun`` (the stand-in does not)."""
+        if not self._resolved:
+            static_nums, static_names, donate_nums, _ = jit_resolved_argnums(jitted)
+            self._static_nums = static_nums
+            self._static_names = frozenset(static_names)
+            self._has_statics = bool(static_nums or static_names)
+            # donate_argnames are resolved to positions by JAX when the signature is known.
+            self._donate_nums = donate_nums
+            self._resolved = True
+        jax_clear_cache = type(jitted).clear_cache
+        jitted_ref = weakref.ref(jitted)
         jitted.program = self.program
         jitted.executable = self.executable
         jitted.cache_size = self.cache_size
-        jitted.clear_cache = self.clear_cache
+
+        def clear_cache() -> None:
+            self._cache.clear()
+            alive = jitted_ref()
+            if alive is not None:
+                jax_clear_cache(alive)
+        jitted.clear_cache = clear_cache
+        jitted.__wrapped__ = fun
         return jitted
 
-    def cache_miss(self, *args, **kwargs):
-        """Called by the C++ dispatcher for a signature it has no fast path for (the
-        first call, calls under a transformation, executables with effects):
-        ``(outputs, fastpath or None, False)``."""
-        entry, key, args, kwargs, statics, leaves, tree = self._lookup(args, kwargs)
+    def _staged_call(self, args: tuple, kwargs: dict):
+        """The stand-in's body, called by ``jax.jit`` with static arguments as values
+        and every dynamic leaf as a tracer of its trace."""
+        if self._weak_error is not None:
+            raise TypeError(*self._weak_error.args)
+        dyn_args, dyn_kwargs, statics = self._split_statics(args, kwargs)
+        leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        if not all(isinstance(x, jax.core.Tracer) for x in leaves):
+            # jax.jit calls its function on concrete values only when jit is disabled
+            # (jax.disable_jit): then it runs the Python function, and so do we.
+            return self._fun(*args, **kwargs)
+        avals = [jax.typeof(x) for x in leaves]
+        key = (tree, _statics_key(statics), trace_context(), *avals)
+        entry = self._cache.get(key)
         if entry is None:
-            entry = self._add_entry(key, args, kwargs, statics, leaves, tree)
-        if not trace_state_clean():
-            return entry.bind(leaves), None, False
-        exe = entry.executable or entry.compile()
-        outputs = exe.call_flat(*leaves)
-        return outputs, exe.fastpath(outputs), False
+            entry, _ = self._add_entry(key, statics, tree, avals, leaves)
+        return entry.run(leaves)
 
     def _split_statics(self, args: tuple, kwargs: dict):
+        """(dynamic args, dynamic kwargs, statics) as ``jax.jit`` splits them with its
+        resolved static_argnums/static_argnames."""
+        if not self._has_statics:
+            return args, kwargs, None
         n = len(args)
         nums = {i if i >= 0 else i + n for i in self._static_nums}
         dyn_args = tuple(a for i, a in enumerate(args) if i not in nums)
@@ -185,23 +283,22 @@ class JitFunction:
                                  f"(pass a tuple instead of a list, for example)")
         return TypeError(f"{self._label}: the arguments cannot be used as a cache key")
 
-    # ------------------------------------------------------------ cache miss
-    def _add_entry(self, key, args, kwargs, statics, leaves, tree) -> _Entry:
+    # ------------------------------------------------------------ new signature
+    def _add_entry(self, key, statics, tree, avals, leaves) -> _Entry:
         target = self._bind_statics(statics)
-        specs = [_spec(x) for x in leaves]
+        # Arrays are traced at their types; other leaves (tokens) as themselves.
+        specs = [_spec(a) if hasattr(a, "shape") else x for a, x in zip(avals, leaves)]
         spec_args, spec_kwargs = tree_util.tree_unflatten(tree, specs)
         # Errors raised by the user's function propagate unchanged from here.
         from .frontend.trace import trace
         program = trace(target, *spec_args, **spec_kwargs)
         program = _run_pipeline(program, self._pipeline, self._label)
-        arg_shardings = [x.sharding if isinstance(x, jax.Array) and not _is_tracer(x)
-                         and x.committed else None for x in leaves]
-        entry = _Entry(program, arg_shardings, self._donated_leaves(args, statics))
+        entry = _Entry(program)
         if not _holds_tracers(program):
             # A program that closed over a tracer of an enclosing transformation is
             # only valid inside that trace: use it once, never cache it.
             self._cache[key] = entry
-        return entry
+        return entry, program
 
     def _bind_statics(self, statics) -> Callable:
         fun = self._fun
@@ -215,7 +312,7 @@ class JitFunction:
             for i, v in static_pos:
                 full.insert(i, v)
             return fun(*full, **dyn_kwargs, **static_kw)
-        with_statics.__name__ = getattr(fun, "__name__", "fun")
+        with_statics.__name__ = _fun_name(fun)
         if self._signature is not None:
             # trace() names the program's inputs after the remaining parameters.
             taken = {i for i, _ in static_pos} | set(static_kw)
@@ -247,102 +344,105 @@ class JitFunction:
     # ---------------------------------------------------------- inspection
     def program(self, *args, **kwargs) -> Program:
         """The program (after the pipeline) that runs for these arguments."""
-        return self._entry_for(args, kwargs).program
+        return self._entry_for(args, kwargs)[1]
 
     def executable(self, *args, **kwargs) -> xla.Executable:
-        """The compiled executable that runs for these arguments."""
-        entry = self._entry_for(args, kwargs)
-        return entry.executable or entry.compile()
+        """The program for these arguments compiled with :func:`jaxpr_cc.compile`,
+        placed as this ``jit`` places it (its in_shardings/out_shardings, else the
+        arguments' committed shardings; its donated arguments): an
+        :class:`~jaxpr_cc.Executable` that can be saved and loaded elsewhere."""
+        entry, program, dyn_args, statics, leaves = self._entry_for(args, kwargs)
+        args_tree, kwargs_tree = program.in_tree.children()
+        given = self._options.get("in_shardings")
+        flat_given = (xla._flat_arg_shardings(program, given, args_tree, kwargs_tree)
+                      if given is not None else [None] * len(leaves))
+        arg_shardings = [g if g is not None else xla._committed_sharding(x)
+                         for g, x in zip(flat_given, leaves)]
+        donated = self._donated_leaves(dyn_args, statics)
+        place = (tuple(arg_shardings), tuple(donated))
+        exe = entry.executables.get(place)
+        if exe is None:
+            exe = xla.compile_flat(program, arg_shardings,
+                                   out_shardings=self._options.get("out_shardings"),
+                                   donated=donated,
+                                   compiler_options=self._options.get("compiler_options"))
+            entry.executables[place] = exe  # holds its program
+        return exe
 
-    def _entry_for(self, args, kwargs) -> _Entry:
-        entry, key, args, kwargs, statics, leaves, tree = self._lookup(args, kwargs)
-        return entry or self._add_entry(key, args, kwargs, statics, leaves, tree)
+    def _entry_for(self, args, kwargs) -> tuple:
+        dyn_args, dyn_kwargs, statics = self._split_statics(args, kwargs)
+        leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        avals = [_leaf_aval(x, self._label) for x in leaves]
+        key = (tree, _statics_key(statics), trace_context(), *avals)
+        try:
+            entry = self._cache.get(key)
+        except TypeError:
+            raise self._unhashable(statics) from None
+        if entry is None:
+            entry, _ = self._add_entry(key, statics, tree, avals, leaves)
+        return entry, entry.program, dyn_args, statics, leaves
 
     def cache_size(self) -> int:
+        """How many programs (input signatures) this function has traced."""
         return len(self._cache)
 
     def clear_cache(self) -> None:
+        """Forget the traced programs (``jit(f).clear_cache()`` also clears
+        jax.jit's caches of the stand-in)."""
         self._cache.clear()
-        if self._cpp_cache is not None:
-            self._cpp_cache.clear()
 
     def __repr__(self) -> str:
         return f"<{self._label}>"
 
 
 # --------------------------------------------------------------------- helpers
-def _leaf_key(x: Any, label: str):
-    """Cache-key part of an argument leaf that is not an uncommitted jax.Array."""
-    t = type(x)
-    if t is ArrayImpl:
-        return (x.aval, x.sharding)  # committed: its placement is part of the signature
-    if t in (bool, int, float, complex):
-        return t  # a Python scalar's type fixes its (weak) aval
+def _fun_name(fun: Any) -> str:
+    while isinstance(fun, functools.partial):
+        fun = fun.func
+    return getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or \
+        type(fun).__name__
+
+
+def _option_key(value):
+    """A hashable form of a jit option (dicts, e.g. compiler_options, as sorted
+    items); raises TypeError when there is none."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _option_key(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("list", tuple(_option_key(v) for v in value))
+    return (type(value), value)
+
+
+def _statics_key(statics):
+    """Static values with their types: jax.jit tells 1, 1.0 and True apart, which
+    compare (and hash) equal."""
+    if statics is None:
+        return None
+    static_pos, static_kw = statics
+    return (tuple((i, type(v), v) for i, v in static_pos),
+            tuple((k, type(v), v) for k, v in static_kw))
+
+
+def _leaf_aval(x: Any, label: str):
     try:
         return jax.typeof(x)
     except TypeError:
-        raise TypeError(f"{label}: argument leaf of type {t.__name__} is not an array; "
+        raise TypeError(f"{label}: argument leaf of type {type(x).__name__} is not an array; "
                         f"mark it static with static_argnums/static_argnames") from None
 
 
-def _spec(x: Any) -> jax.ShapeDtypeStruct:
-    a = x.aval if type(x) is ArrayImpl else jax.typeof(x)
-    return jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
-
-
-def _is_tracer(x: Any) -> bool:
-    return isinstance(x, jax.core.Tracer)
+def _spec(aval) -> jax.ShapeDtypeStruct:
+    # With sharding in types (jax.set_mesh, Explicit axes) the program is traced at
+    # the same sharded types as jax.jit traces the function.
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
+                                **xla._typed_sharding(aval))
 
 
 def _holds_tracers(program: Program) -> bool:
     values = list(program.params)
     for region in program.body.regions():
         values.extend(region.consts or ())
-    return any(_is_tracer(v) for v in values)
-
-
-def _int_tuple(value, what: str, label: str) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    items = (value,) if isinstance(value, int) else tuple(value)
-    for i in items:
-        if not isinstance(i, int) or isinstance(i, bool):
-            raise TypeError(f"{label}: {what} must be ints, got {i!r}")
-    return items
-
-
-def _static_spec(signature, static_argnums, static_argnames, label: str):
-    """Static positions and names.  As jax.jit does: when only one of the two is
-    given, the other is completed through the signature, so such an argument is
-    static whether passed by position or by name."""
-    nums = set(_int_tuple(static_argnums, "static_argnums", label))
-    if static_argnames is None:
-        names: set[str] = set()
-    elif isinstance(static_argnames, str):
-        names = {static_argnames}
-    else:
-        names = set(static_argnames)
-        if not all(isinstance(n, str) for n in names):
-            raise TypeError(f"{label}: static_argnames must be strings, got {static_argnames!r}")
-    if signature is not None:
-        params = list(signature.parameters.values())
-        either = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
-        offset = sum(1 for p in params if p.kind is p.POSITIONAL_ONLY)
-        if static_argnames is None:
-            n_positional = offset + len(either)
-            for i in nums:
-                j = (i if i >= 0 else i + n_positional) - offset
-                if 0 <= j < len(either):
-                    names.add(either[j])
-        elif static_argnums is None:
-            nums.update(offset + either.index(n) for n in names if n in either)
-        known = {p.name for p in params}
-        has_var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
-        unknown = sorted(n for n in names if n not in known)
-        if unknown and not has_var_kw:
-            raise ValueError(f"{label}: static_argnames {unknown} are not parameters of the "
-                             f"function")
-    return tuple(sorted(nums)), frozenset(names)
+    return any(isinstance(v, jax.core.Tracer) for v in values)
 
 
 def _resolve_pipeline(pipeline: Any, label: str) -> str:

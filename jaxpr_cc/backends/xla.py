@@ -20,8 +20,7 @@ from jax import tree_util
 
 from ..ir.calling_convention import check_argument_types
 from ..ir.program import Program
-from ..jax_adapter import (compiled_fast_call, executable_fastpath, jaxpr_as_fun,
-                           named_sharding_from_hlo)
+from ..jax_adapter import compiled_fast_call, jaxpr_as_fun, named_sharding_from_hlo
 from . import xla_archive
 from .xla_archive import LoadError, SaveError
 
@@ -50,7 +49,18 @@ def _name_function(fun, name: str) -> None:
 def _specs(avals, weak_types=None) -> list:
     if weak_types is None:
         weak_types = [getattr(a, "weak_type", False) for a in avals]
-    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=w) for a, w in zip(avals, weak_types)]
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=w, **_typed_sharding(a))
+            for a, w in zip(avals, weak_types)]
+
+
+def _typed_sharding(aval) -> dict:
+    """``{"sharding": ...}`` when ``aval``'s type carries a sharding (a mesh set with
+    ``jax.set_mesh`` and Explicit axes), so the program is lowered at the sharded
+    types it was traced at; else ``{}``."""
+    sharding = getattr(aval, "sharding", None)
+    if sharding is None or sharding.mesh.empty:
+        return {}
+    return {"sharding": sharding}
 
 
 # ------------------------------------------------------------------- compile
@@ -223,12 +233,6 @@ class Executable:
         """``f(*argument_leaves)``: the executable on already-flattened arguments, with
         the parameters bound."""
         return self._fast
-
-    def fastpath(self, outputs):
-        """What JAX's C++ jit dispatcher needs to run this executable by itself (None
-        if it cannot): ``jaxpr_cc.jit`` hands it over after a call returned
-        ``outputs``."""
-        return executable_fastpath(self._compiled, self.params, len(self.arg_avals), outputs)
 
     def _check_structure(self, tree) -> None:
         # A loaded executable rebuilds namedtuples as fresh classes: the caller's own

@@ -239,13 +239,26 @@ def encode_shardings(shardings: list, mesh) -> dict:
             "axis_sizes": [int(n) for n in mesh.devices.shape],
             "axis_types": [t.name for t in mesh.axis_types],
             "device_ids": [int(d.id) for d in mesh.devices.flat],
+            # Positions in jax.devices(): how the mesh is found again in a process
+            # whose devices have other ids (jax.distributed numbers each process's
+            # devices apart), as jax.make_mesh lays meshes out in that order.
+            "device_positions": _device_positions(mesh),
         },
         "specs": specs,
     }
 
 
+def _device_positions(mesh) -> list[int]:
+    import jax
+    position = {d: i for i, d in enumerate(jax.devices())}
+    return [position[d] if d in position else -1 for d in mesh.devices.flat]
+
+
 def decode_shardings(code: Any, path: str) -> list:
-    """Inverse of :func:`encode_shardings`, on this process's devices."""
+    """Inverse of :func:`encode_shardings`, on this process's devices: the saved
+    device ids when this process has them all (the same machine), else the saved
+    positions in ``jax.devices()`` (the global device list, which is what spans
+    processes under ``jax.distributed``)."""
     import jax
     from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
     try:
@@ -258,14 +271,24 @@ def decode_shardings(code: Any, path: str) -> list:
         raise LoadError(path, f"malformed device layout in the manifest ({e})") from None
     if not ids or int(np.prod(sizes)) != len(ids) or len(set(ids)) != len(ids):
         raise LoadError(path, f"malformed device layout (mesh {sizes} over devices {ids})")
-    devices = {d.id: d for d in jax.devices()}
-    missing = [i for i in ids if i not in devices]
-    if missing:
-        raise LoadError(
-            path, f"the executable runs on {len(ids)} devices (ids {min(ids)}..{max(ids)}) "
-            f"but this process has {len(devices)} {jax.default_backend()} device(s); on CPU set "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={max(ids) + 1} before importing jax")
-    mesh = Mesh(np.array([devices[i] for i in ids], dtype=object).reshape(sizes),
+    all_devices = jax.devices()
+    devices = {d.id: d for d in all_devices}
+    if all(i in devices for i in ids):
+        chosen = [devices[i] for i in ids]
+    else:
+        positions = mesh_code.get("device_positions")
+        if not (isinstance(positions, list) and len(positions) == len(ids)
+                and all(type(p) is int and p >= 0 for p in positions)):
+            positions = None
+        if positions is None or max(positions) >= len(all_devices):
+            need = max(positions) + 1 if positions else max(ids) + 1
+            raise LoadError(
+                path, f"the executable runs on {len(ids)} devices (ids {min(ids)}..{max(ids)}) "
+                f"but this process sees {len(all_devices)} {jax.default_backend()} device(s); "
+                f"on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={need} before "
+                f"importing jax (or spread the devices over jax.distributed processes)")
+        chosen = [all_devices[p] for p in positions]
+    mesh = Mesh(np.array(chosen, dtype=object).reshape(sizes),
                 tuple(names), axis_types=tuple(types))
     out = []
     for entry in specs:
