@@ -754,3 +754,11 @@ def _reverse_only_transpose(cts, args, known, transpose_thunk, n_lead: int, num_
     cts = [_lc_ad.instantiate_zeros(ct) for ct in cts]
     out = _core.eval_jaxpr(transpose.jaxpr, transpose.consts, *t_consts, *res, *cts)
     return [None] * n_lead + [None if k else c for c, k in zip(out, known)]
+
+
+# --- evaluating one equation (passes/fixed_point_match.py) ----------------------
+def eval_equation(eqn, invals) -> list:
+    """The outputs of ``eqn`` applied to ``invals`` (under any active trace)."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    out = eqn.primitive.bind(*invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
