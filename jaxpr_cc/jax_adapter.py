@@ -803,3 +803,9 @@ def trace_context() -> tuple:
     precision...).  ``jaxpr_cc.jit`` keys its programs on it too."""
     from jax._src import config as _config
     return _config.trace_context()
+# --- evaluating one equation (passes/fixed_point_match.py) ----------------------
+def eval_equation(eqn, invals) -> list:
+    """The outputs of ``eqn`` applied to ``invals`` (under any active trace)."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    out = eqn.primitive.bind(*invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]

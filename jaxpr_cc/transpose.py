@@ -163,6 +163,14 @@ _NONLINEAR_OPERANDS = {
     "dynamic_update_slice": (slice(2, None), "update indices that depend on the linear input"),
     "gather": (slice(1, 2), "gather indices that depend on the linear input"),
     "scatter-add": (slice(1, 2), "scatter indices that depend on the linear input"),
+    "scatter-sub": (slice(1, 2), "scatter indices that depend on the linear input"),
+    "scatter": (slice(1, 2), "scatter indices that depend on the linear input"),
+    "scatter-mul": (slice(1, 3), "scatter-multiplication by indices or factors that depend on "
+                                 "the linear input"),
+    "select_and_gather_add": (slice(1, 2), "a window selection by a value that depends on the "
+                                           "linear input"),
+    "triangular_solve": (slice(0, 1), "a triangular solve whose matrix depends on the linear "
+                                      "input"),
 }
 _CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -282,6 +290,18 @@ def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool]):
     positions = _NONLINEAR_OPERANDS.get(name)
     if positions is not None and any(flags[positions[0]]):
         return Problem(eqn, positions[1]), None, None
+    if name == "custom_linear_solve":
+        n_consts = sum(eqn.params["const_lengths"])
+        if any(flags[:n_consts]):
+            return (Problem(eqn, "a linear solve whose operator depends on the linear input"),
+                    None, None)
+    # An integer or boolean result of a float value rounds or compares it (JAX
+    # registers a transpose for convert_element_type whatever the target dtype).
+    discrete = next((v.aval for v in eqn.outvars
+                     if not jnp.issubdtype(v.aval.dtype, jnp.inexact)), None)
+    if discrete is not None:
+        return (Problem(eqn, f"'{name}' to {discrete.str_short()} is not a linear operation "
+                             f"(it rounds or compares the linear input)"), None, None)
     return None, [True] * n_out, [False] * n_out
 
 

@@ -338,3 +338,260 @@ def test_rewrite_is_idempotent_and_programs_are_first_order():
     again = run_passes(new, "implicit-diff")
     assert str(again) == str(new)
     assert any(e.prim.name == "custom_jvp_call" for _, e in new.body.walk())
+
+
+# ----------------------------------- adversarial findings (issue 16, round 2)
+# References: JAX's forward mode through the original while_loop, or float64
+# values written out here.  The rewritten rule checks at run time that the loop
+# stopped at a fixed point; when it did not, it must give the loop's own
+# derivative (JAX's), never the implicit one.
+def capped_divergent(a):
+    """x <- 2x + a with an iteration cap: never converges; the cap stops it."""
+    def c(s):
+        k, xp, x = s
+        return (jnp.abs(x - xp) > 1e-6) & (k < 10)
+
+    def b(s):
+        k, xp, x = s
+        return k + 1, x, 2.0 * x + a
+
+    return lax.while_loop(c, b, (0, a, 3.0 * a))[2]
+
+
+def capped_divergent_vector(a):
+    def c(s):
+        k, xp, x = s
+        return (jnp.max(jnp.abs(x - xp)) > 1e-6) & (k < 10)
+
+    def b(s):
+        k, xp, x = s
+        return k + 1, x, 2.0 * x + a
+
+    return lax.while_loop(c, b, (0, a, 3.0 * a))[2]
+
+
+def relative_no_fixed_point(a):
+    """x <- x + a has no fixed point; a relative test stops it (I - df/dx = 0)."""
+    def c(s):
+        xp, x = s
+        return jnp.abs(x - xp) > 0.1 * jnp.abs(x)
+
+    def b(s):
+        xp, x = s
+        return x, x + a
+
+    return lax.while_loop(c, b, (jnp.float32(0.0), a))[1]
+
+
+def never_runs(a):
+    """The carried gap starts at 0: the loop never runs, the result is the guess."""
+    def c(s):
+        return s[1] > 1e-6
+
+    def b(s):
+        x, _ = s
+        n = 0.5 * x + a
+        return n, jnp.abs(n - x)
+
+    return lax.while_loop(c, b, (a, jnp.float32(0.0)))[0]
+
+
+def converged_with_cap(a):
+    def c(s):
+        k, xp, x = s
+        return (jnp.max(jnp.abs(x - xp)) > 1e-6) & (k < 500)
+
+    def b(s):
+        k, xp, x = s
+        return k + 1, x, 0.5 * x + a
+
+    return lax.while_loop(c, b, (0, jnp.zeros_like(a), a))[2]
+
+
+@pytest.mark.parametrize("fun", [capped_divergent, relative_no_fixed_point, never_runs])
+def test_loop_that_did_not_reach_a_fixed_point_keeps_jax_derivative(fun):
+    a = jnp.float32(1.0)
+    _, new, stats = rewrite_with_stats(fun, a)
+    assert stats["loops-rewritten"] == 1
+    want = float(jax.jvp(fun, (a,), (jnp.float32(1.0),))[1])
+    assert float(jax.jvp(new, (a,), (jnp.float32(1.0),))[1]) == pytest.approx(want, rel=1e-6)
+    assert float(jax.jit(jax.grad(new))(a)) == pytest.approx(want, rel=1e-6)
+    assert float(jax.jit(jax.jacfwd(new))(a)) == pytest.approx(want, rel=1e-6)
+
+
+def test_converged_loop_with_cap_is_implicit():
+    a = jnp.array([0.3, -0.7], jnp.float32)
+    _, new, stats = rewrite_with_stats(converged_with_cap, a)
+    assert stats["loops-rewritten"] == 1
+    # x* = 2a exactly: d x*/da = 2 I.
+    np.testing.assert_allclose(np.asarray(jax.jacrev(new)(a)), 2.0 * np.eye(2), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(new)(a)), 2.0 * np.eye(2), rtol=1e-6)
+
+
+def test_too_many_parameters_for_the_fallback_give_nan_not_a_wrong_number():
+    a = jnp.full((8,), 1.0, jnp.float32)
+    pm = PassManager("implicit-diff{fallback-max-size=4}")
+    new = pm.run(jaxpr_cc.trace(lambda a: jnp.sum(capped_divergent_vector(a)), a))
+    assert dict(pm.statistics)["implicit-diff{fallback-max-size=4}"]["loops-rewritten"] == 1
+    assert np.all(np.isnan(np.asarray(jax.grad(new)(a))))
+    assert np.isnan(float(jax.jvp(new, (a,), (jnp.ones_like(a),))[1]))
+
+
+def _loop_with_test(cond, update, a):
+    def c(s):
+        xp, x = s
+        return cond(x, xp)
+
+    def b(s):
+        xp, x = s
+        return x, update(x, a)
+
+    return jnp.sum(lax.while_loop(c, b, (jnp.zeros_like(a), a))[1])
+
+
+_NOT_SIZES = {
+    # -|d| > -1 runs while |d| < 1: a growth loop.
+    "neg": (lambda x, xp: -jnp.abs(x - xp) > -1.0, lambda x, a: 1.5 * x + a, 0.1, "neg"),
+    "pow-1": (lambda x, xp: jnp.abs(x - xp) ** -1.0 > 1.0, lambda x, a: 1.5 * x + a, 0.1, "pow"),
+    "mul-neg": (lambda x, xp: jnp.abs(x - xp) * -2.0 > -2.0, lambda x, a: 1.5 * x + a, 0.1,
+                "mul"),
+    "argmax": (lambda x, xp: jnp.argmax(jnp.abs(x - xp)) != 0, lambda x, a: 0.5 * x + a,
+               [1.0, 0.5], "argmax"),
+    "int-cast": (lambda x, xp: jnp.any(x.astype(jnp.int32) != xp.astype(jnp.int32)),
+                 lambda x, a: 0.5 * x + a, [3.0, 0.5], "not its change"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NOT_SIZES))
+def test_exit_tests_that_are_not_sizes_of_the_change_are_left_alone(name):
+    cond, update, a, op = _NOT_SIZES[name]
+    a = jnp.asarray(a, jnp.float32)
+
+    def fun(a):
+        return _loop_with_test(cond, update, a)
+
+    program, new, stats = rewrite_with_stats(fun, a)
+    assert "loops-rewritten" not in stats, name
+    assert (f"'{op}'" if op[0] != "n" else op) in reasons(stats)
+    np.testing.assert_array_equal(np.asarray(jax.jacfwd(new)(a)), np.asarray(jax.jacfwd(fun)(a)))
+
+
+def test_positive_scaling_and_squared_norm_are_still_sizes():
+    def rel(x, xp):
+        return jnp.abs(x - xp) / (1.0 + jnp.abs(x)) * 2.0 > 1e-6
+
+    def norm2(x, xp):
+        d = x - xp
+        return jnp.dot(d, d) > 1e-12
+
+    a = jnp.array([0.3, -0.7], jnp.float32)
+    for cond in (lambda x, xp: jnp.any(rel(x, xp)), norm2):
+        def fun(a):
+            return _loop_with_test(cond, lambda x, a: 0.5 * x + a, a)
+
+        _, new, stats = rewrite_with_stats(fun, a)
+        assert stats["loops-rewritten"] == 1
+        np.testing.assert_allclose(np.asarray(jax.grad(new)(a)), [2.0, 2.0], rtol=1e-5)
+
+
+def gap_returned(a):
+    def c(s):
+        return s[1] > 1e-3
+
+    def b(s):
+        x, _ = s
+        n = 0.9 * x + a
+        return n, jnp.abs(n - x)
+
+    r = lax.while_loop(c, b, (a, jnp.float32(jnp.inf)))
+    return r[0] + 1000.0 * r[1]
+
+
+def previous_returned(a):
+    def c(s):
+        xp, x = s
+        return jnp.abs(x - xp) > 1e-2
+
+    def b(s):
+        xp, x = s
+        return x, 0.5 * x + a
+
+    r = lax.while_loop(c, b, (jnp.float32(0.0), a))
+    return (r[1] - r[0]) * 1000.0
+
+
+@pytest.mark.parametrize("fun,what", [(gap_returned, "the convergence gap"),
+                                      (previous_returned, "the previous iterate")])
+def test_loops_whose_gap_or_previous_iterate_is_used_are_left_alone(fun, what):
+    a = jnp.float32(0.7)
+    _, new, stats = rewrite_with_stats(fun, a)
+    assert "loops-rewritten" not in stats and what in reasons(stats)
+    assert float(jax.jacfwd(new)(a)) == float(jax.jacfwd(fun)(a))
+
+
+def coupled(a):
+    """x = 0.5 y + a, y = 0.25 x + 1: y's update reads no parameter."""
+    def cond(s):
+        xp, yp, x, y = s
+        return (jnp.abs(x - xp) > 1e-6) | (jnp.abs(y - yp) > 1e-6)
+
+    def body(s):
+        xp, yp, x, y = s
+        return x, y, 0.5 * y + a, 0.25 * x + 1.0
+
+    r = lax.while_loop(cond, body, (0.0, 0.0, 1.0, 1.0))
+    return r[2] + r[3]
+
+
+@pytest.mark.parametrize("adjoint", ["dense", "gmres", "bicgstab", "fixed-point"])
+def test_grad_when_a_state_update_reads_no_parameter(adjoint):
+    a = jnp.float32(0.7)
+    new = run_passes(jaxpr_cc.trace(coupled, a), f"implicit-diff{{adjoint={adjoint}}}")
+    # x* = (0.5 + a) / 0.875, y* = 0.25 x* + 1: d(x* + y*)/da = 1.25 / 0.875.
+    assert float(jax.grad(new)(a)) == pytest.approx(1.25 / 0.875, rel=1e-4)
+    assert float(jax.jvp(new, (a,), (jnp.float32(1.0),))[1]) == pytest.approx(1.25 / 0.875,
+                                                                                rel=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_fixed_point(dtype):
+    def f(a):
+        def cond(s):
+            xp, x = s
+            return jnp.max(jnp.abs(x - xp)) > 1e-2
+
+        def body(s):
+            xp, x = s
+            return x, 0.5 * x + a
+
+        return jnp.sum(lax.while_loop(cond, body, (a, 1.5 * a))[1]).astype(jnp.float32)
+
+    a = jnp.array([1.0, 2.0], dtype)
+    _, new, stats = rewrite_with_stats(f, a)
+    assert stats["loops-rewritten"] == 1
+    # x* = 2a: the gradient of sum(x*) is 2 per element.
+    np.testing.assert_allclose(np.asarray(jax.grad(new)(a), np.float32), [2.0, 2.0], rtol=1e-2)
+    assert float(jax.jvp(new, (a,), (jnp.ones_like(a),))[1]) == pytest.approx(4.0, rel=1e-2)
+
+
+@pytest.mark.parametrize("adjoint", ["auto", "gmres", "bicgstab", "fixed-point"])
+def test_mixed_float32_float64_state(adjoint):
+    with jax.enable_x64(True):
+        def f(a):
+            def cond(s):
+                xp, yp, x, y = s
+                return (jnp.abs(x - xp) > 1e-6) | (jnp.abs(y - yp) > 1e-6)
+
+            def body(s):
+                xp, yp, x, y = s
+                return (x, y, (0.5 * y + a).astype(jnp.float32),
+                        0.25 * x.astype(jnp.float64) + a)
+
+            init = (jnp.float32(0), jnp.float64(0), jnp.float32(1), jnp.float64(1))
+            r = lax.while_loop(cond, body, init)
+            return r[2].astype(jnp.float64) + r[3]
+
+        a = jnp.float32(0.7)
+        new = run_passes(jaxpr_cc.trace(f, a), f"implicit-diff{{adjoint={adjoint}}}")
+        # x = 0.5 y + a, y = 0.25 x + a: d(x + y)/da = 2.75 / 0.875.
+        assert float(jax.grad(new)(a)) == pytest.approx(2.75 / 0.875, rel=1e-5)

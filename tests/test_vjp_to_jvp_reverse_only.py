@@ -140,3 +140,107 @@ def test_error_and_skip_modes_are_still_available():
     assert "custom_vjp_call" in [e.prim.name for _, e in out.body.walk()]
     assert dict(skipped.statistics)["vjp-to-jvp{untransposable=skip}"][
         "rules-skipped-untransposable"] == 1
+
+
+# ------------------------------------- casts of the cotangent (issue 16, adversary)
+@jax.custom_vjp
+def int_cast_of_ct(x):
+    return jnp.sin(x)
+
+
+# Truncating the cotangent toward zero: not linear although JAX registers a
+# transpose for convert_element_type.
+int_cast_of_ct.defvjp(lambda x: (jnp.sin(x), None),
+                      lambda _, ct: (ct.astype(jnp.int32).astype(jnp.float32),))
+
+
+@jax.custom_vjp
+def bool_cast_of_ct(x):
+    return 2.0 * x
+
+
+bool_cast_of_ct.defvjp(lambda x: (2.0 * x, None),
+                       lambda _, ct: (ct.astype(bool).astype(jnp.float32),))
+
+
+@jax.custom_vjp
+def half_cast_of_ct(x):
+    return 3.0 * x
+
+
+# A float-to-float cast is linear: this rule keeps its forward mode.
+half_cast_of_ct.defvjp(lambda x: (3.0 * x, None),
+                       lambda _, ct: ((3.0 * ct.astype(jnp.float16)).astype(ct.dtype),))
+
+WEIGHTS = jnp.array([1.0, 2.5, 3.0], jnp.float32)
+
+
+@pytest.mark.parametrize("rule,dtype", [(int_cast_of_ct, "int32"), (bool_cast_of_ct, "bool")])
+def test_cast_of_the_cotangent_to_integers_is_not_linear(rule, dtype):
+    def loss(x):
+        return jnp.sum(rule(x) * WEIGHTS)
+
+    x = jnp.array([0.3, -1.2, 2.0], jnp.float32)
+    pm = PassManager("vjp-to-jvp")
+    new = pm.run(jaxpr_cc.trace(loss, x))
+    assert dict(pm.statistics)["vjp-to-jvp"]["rules-reverse-only"] == 1
+    np.testing.assert_array_equal(np.asarray(jax.grad(new)(x)), np.asarray(jax.grad(loss)(x)))
+    for forward in (lambda: jax.jacfwd(new)(x), lambda: jax.jvp(new, (x,), (jnp.ones(3),))):
+        with pytest.raises(TypeError) as info:
+            jax.block_until_ready(forward())
+        first = str(info.value).strip().splitlines()[0]
+        assert f"convert_element_type' to {dtype}" in first
+        assert rule.__name__ in first
+
+
+def test_float_cast_of_the_cotangent_stays_linear():
+    x = jnp.array([0.3, -1.2, 2.0], jnp.float32)
+    pm = PassManager("vjp-to-jvp")
+    new = pm.run(jaxpr_cc.trace(half_cast_of_ct, x))
+    assert dict(pm.statistics)["vjp-to-jvp"].get("rules-reverse-only", 0) == 0
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(new)(x)), 3.0 * np.eye(3), rtol=1e-6)
+
+
+@jax.custom_vjp
+def scatter_at_ct(x):
+    return jnp.sin(x)
+
+
+def _scatter_bwd(_, ct):
+    # Scatter indices read from the cotangent (through a float floor, which JAX
+    # can transpose only as an index): not linear.
+    idx = jnp.zeros((1, 1), jnp.int32) + (ct[:1] > 100.0).astype(jnp.int32).reshape(1, 1)
+    dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
+                                         scatter_dims_to_operand_dims=(0,))
+    return (jax.lax.scatter(ct, idx, ct[:1], dn, unique_indices=True),)
+
+
+scatter_at_ct.defvjp(lambda x: (jnp.sin(x), None), _scatter_bwd)
+
+
+def test_scatter_with_indices_from_the_cotangent_has_a_one_line_reason():
+    x = jnp.array([0.3, -1.2, 2.0], jnp.float32)
+    loss = lambda x: jnp.sum(scatter_at_ct(x) * WEIGHTS)  # noqa: E731
+    new = run_passes(jaxpr_cc.trace(loss, x), "vjp-to-jvp")
+    np.testing.assert_array_equal(np.asarray(jax.grad(new)(x)), np.asarray(jax.grad(loss)(x)))
+    with pytest.raises(TypeError) as info:
+        jax.jacfwd(new)(x)
+    first = str(info.value).strip().splitlines()[0]
+    assert "scatter_at_ct" in first and "JAX says" not in first
+    assert "is not a linear operation" in first or "indices that depend" in first
+
+
+def test_linearity_check_scatter_indices_message():
+    """The table entry for plain scatter: indices that depend on the linear input."""
+    from jaxpr_cc.transpose import first_nonlinear_equation
+
+    def f(ct, idx_f):
+        idx = idx_f.astype(jnp.int32).reshape(1, 1)
+        dn = jax.lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
+                                             scatter_dims_to_operand_dims=(0,))
+        return jax.lax.scatter(ct, idx, ct[:1], dn, unique_indices=True)
+
+    jaxpr = jax.make_jaxpr(f)(jnp.ones(3), jnp.ones(1)).jaxpr
+    assert first_nonlinear_equation(jaxpr, [True, False]) is None
+    problem = first_nonlinear_equation(jaxpr, [True, True])
+    assert problem is not None and "convert_element_type" in problem.reason

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import jax.numpy as jnp
+import numpy as np
 
 from .. import jax_adapter as jx
 from ..backends.jaxpr import region_to_closed_jaxpr
@@ -52,6 +53,13 @@ class FixedPointLoop:
     state: list[int]                 # state carries, in the order f returns them
     f_jaxpr: object                  # Jaxpr: f's inputs (below) -> the state carries' updates
     f_inputs: list[tuple[str, int]]  # per f input: ("const", k) body constant k / ("carry", i)
+    cond_jaxpr: object = None        # Jaxpr of the exit test (cond constants, carries) -> bool
+    body_jaxpr: object = None        # Jaxpr of the body (body constants, carries) -> carries
+    # id(equation) -> operand: the 'and'/'or' equations of the exit test that join
+    # the convergence test with an iteration cap; the convergence test alone is
+    # the condition with each replaced by that operand (see convergence_only).
+    cap_joins: dict = None
+    forced: bool = False
 
     @property
     def n_carry(self) -> int:
@@ -123,7 +131,9 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
     if body_closed.consts or cond_closed.consts:
         return "the loop body or condition carries constants of its own"
     gaps: set[int] = set()
-    test = convergence_test(cond_closed.jaxpr, cond_n, body_closed.jaxpr, body_n, kinds, copies)
+    cap_joins: dict = {}
+    test = convergence_test(cond_closed.jaxpr, cond_n, body_closed.jaxpr, body_n, kinds, copies,
+                            cap_joins)
     if isinstance(test, str):
         if not forced:
             return test
@@ -149,6 +159,13 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
         state = [i for i in state if i not in aux]
     if not state:
         return "no loop result depends on a floating-point carry the iteration updates"
+    # The previous iterate and the convergence gap are not functions of the fixed
+    # point: their derivatives are the loop's own, which the rule does not have.
+    for i, kind in enumerate(kinds):
+        if kind in (PREVIOUS, AUXILIARY) and result_used[i] and _inexact(carries[i].aval):
+            what = "the previous iterate" if kind == PREVIOUS else "the convergence gap"
+            return (f"the program uses loop result {i} ({carries[i].aval.str_short()}), {what}, "
+                    f"whose derivative is not that of the fixed point")
     missing = [i for i in state if i not in covered]
     if missing:
         which = ", ".join(f"{i} ({carries[i].aval.str_short()})" for i in missing)
@@ -173,7 +190,9 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
         f_inputs.append(("carry", i))
 
     return FixedPointLoop(eqn=eqn, cond_n=cond_n, body_n=body_n, kinds=kinds, copies=copies,
-                          state=state, f_jaxpr=f_jaxpr, f_inputs=f_inputs)
+                          state=state, f_jaxpr=f_jaxpr, f_inputs=f_inputs,
+                          cond_jaxpr=cond_closed.jaxpr, body_jaxpr=body_closed.jaxpr,
+                          cap_joins=cap_joins, forced=isinstance(test, str))
 
 
 # ------------------------------------------------------ the convergence test
@@ -199,12 +218,19 @@ class _Tag:
     kind: str
     carries: frozenset = frozenset()
     why: str = ""
+    # For fixed / iterate values: "pos" (known > 0), "nonneg" (known >= 0),
+    # "neg" (a negative literal) or "" (unknown).  Only a known sign keeps a
+    # scaled size a size (|d| * c > tol with c < 0 runs while |d| is small).
+    sign: str = ""
 
 
 _FIXED, _ITERATE = _Tag("fixed"), _Tag("iterate")
-_SHAPE_OPS = ("convert_element_type", "reshape", "squeeze", "expand_dims", "broadcast_in_dim",
-              "copy", "copy_p", "transpose", "neg", "real")
-_REDUCE_MEASURE = ("reduce_max", "reduce_sum", "argmax")
+# Operations that move or copy elements without changing them.  A conversion
+# keeps a change a change only between floating-point types (to an integer it
+# rounds: x.astype(int) != xp.astype(int) does not test convergence).
+_SHAPE_OPS = ("reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy", "copy_p",
+              "transpose")
+_REDUCE_MEASURE = ("reduce_max", "reduce_sum")
 _CALL_PARAMS = ("jaxpr", "call_jaxpr")
 _FLIP = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "eq": "eq", "ne": "ne"}
 
@@ -221,7 +247,55 @@ def _sub_jaxpr(eqn):
     return None
 
 
-def _interpret(jaxpr, in_tags: Sequence[_Tag], seeds: dict | None = None) -> list[_Tag]:
+def _literal_tag(value) -> _Tag:
+    try:
+        v = np.asarray(value)
+        if v.dtype == bool or not np.issubdtype(v.dtype, np.number) or np.iscomplexobj(v):
+            return _FIXED
+        if np.all(v > 0):
+            return _Tag("fixed", sign="pos")
+        if np.all(v >= 0):
+            return _Tag("fixed", sign="nonneg")
+        if np.all(v < 0):
+            return _Tag("fixed", sign="neg")
+    except (TypeError, ValueError):
+        pass
+    return _FIXED
+
+
+def _keeps_values(eqn) -> bool:
+    """A shape operation, or a conversion between floating-point types."""
+    name = eqn.primitive.name
+    if name in _SHAPE_OPS:
+        return True
+    if name == "convert_element_type":
+        return (_inexact(eqn.invars[0].aval) and _inexact(eqn.outvars[0].aval))
+    return False
+
+
+def _free_sign(eqn, tags: Sequence[_Tag]) -> str:
+    """The sign of an operation on values that are not the change."""
+    name = eqn.primitive.name
+    signs = [t.sign for t in tags]
+    if name in ("exp", "exp2"):
+        return "pos"
+    if name in ("abs", "square") or (name == "integer_pow" and eqn.params["y"] % 2 == 0):
+        return "pos" if signs[0] == "pos" else "nonneg"
+    if name == "sqrt" or (_keeps_values(eqn) and len(tags) == 1) or \
+            name in _REDUCE_MEASURE + ("integer_pow",) and len(tags) == 1:
+        return signs[0] if signs[0] in ("pos", "nonneg") else ""
+    nonneg = all(x in ("pos", "nonneg") for x in signs)
+    if name in ("add", "max") and nonneg:
+        return "pos" if "pos" in signs else "nonneg"
+    if name == "max" and "pos" in signs:
+        return "pos"
+    if name in ("mul", "div") and nonneg:
+        return "pos" if all(x == "pos" for x in signs) else "nonneg"
+    return ""
+
+
+def _interpret(jaxpr, in_tags: Sequence[_Tag], seeds: dict | None = None,
+               notes: dict | None = None) -> list[_Tag]:
     """Tags of ``jaxpr``'s outputs; ``seeds`` (var -> tag) override what an
     equation computes (the body's new iterates and steps)."""
     seeds = seeds or {}
@@ -236,29 +310,33 @@ def _interpret(jaxpr, in_tags: Sequence[_Tag], seeds: dict | None = None) -> lis
         env[v] = seeded(v, t)
 
     def read(atom) -> _Tag:
-        return _FIXED if isinstance(atom, jx.Literal) else env.get(atom, _FIXED)
+        return _literal_tag(atom.val) if isinstance(atom, jx.Literal) else env.get(atom, _FIXED)
 
     for eqn in jaxpr.eqns:
-        outs = _transfer(eqn, [read(a) for a in eqn.invars], eqn.invars)
+        outs = _transfer(eqn, [read(a) for a in eqn.invars], eqn.invars, notes)
         for v, t in zip(eqn.outvars, outs):
             env[v] = seeded(v, t)
     return [read(a) for a in jaxpr.outvars]
 
 
-def _plain(tags: Sequence[_Tag]) -> _Tag:
+def _plain(eqn, tags: Sequence[_Tag]) -> _Tag:
     """The tag of an operation that does not look at the change specially."""
     for t in tags:
         if t.kind == "bad":
             return t
-    return _ITERATE if any(t.kind != "fixed" for t in tags) else _FIXED
+    kind = "iterate" if any(t.kind != "fixed" for t in tags) else "fixed"
+    if len(eqn.outvars) != 1 or not all(t.kind in ("fixed", "iterate", "new", "old")
+                                        for t in tags):
+        return _Tag(kind)
+    return _Tag(kind, sign=_free_sign(eqn, tags))
 
 
-def _transfer(eqn, tags: list[_Tag], atoms) -> list[_Tag]:
+def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None) -> list[_Tag]:
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     sub = _sub_jaxpr(eqn)
     if sub is not None and len(sub.invars) == len(tags):
-        return _interpret(sub, tags)
+        return _interpret(sub, tags, notes=notes)
     kinds = [t.kind for t in tags]
     special = [t for t in tags if t.kind not in ("fixed", "iterate", "new", "old")]
     if not special:
@@ -266,9 +344,9 @@ def _transfer(eqn, tags: list[_Tag], atoms) -> list[_Tag]:
                 and tags[0].carries == tags[1].carries:
             kind = {"sub": "diff", "ne": "big", "eq": "small"}[name]
             return [_Tag(kind, tags[0].carries)]
-        if name in _SHAPE_OPS and kinds[0] in ("new", "old") and len(tags) == 1:
+        if (_keeps_values(eqn) or name == "neg") and kinds[0] in ("new", "old") and len(tags) == 1:
             return [tags[0]]
-        return [_plain(tags)] * n_out
+        return [_plain(eqn, tags)] * n_out
     bad = next((t for t in tags if t.kind == "bad"), None)
     if bad is not None:
         return [bad] * n_out
@@ -281,16 +359,20 @@ def _transfer(eqn, tags: list[_Tag], atoms) -> list[_Tag]:
         return all(t.kind in ("fixed", "iterate", "new", "old") for t in ts)
 
     if one.kind == "diff":
-        if name in _SHAPE_OPS and len(tags) == 1:
+        if (_keeps_values(eqn) or name == "neg") and len(tags) == 1:
             return [one]
         if name in ("mul", "div") and len(special) == 1 and free(others) and \
-                (name == "mul" or tags[0] is one):
-            return [one]  # a scaled change (a relative change)
+                (name == "mul" or tags[0] is one) and others[0].sign in ("pos", "neg"):
+            return [one]  # a change scaled by a nonzero factor (a relative change)
         if name in ("abs", "sqrt") or (name == "integer_pow" and eqn.params["y"] % 2 == 0
                                        and eqn.params["y"] > 0) or name == "square":
             return [_Tag("measure", one.carries)] if name != "sqrt" else [_bad(what)]
-        if name in ("mul", "dot_general") and len(tags) == 2 and atoms[0] is atoms[1]:
+        if name == "mul" and len(tags) == 2 and atoms[0] is atoms[1]:
             return [_Tag("measure", one.carries)]
+        if name == "dot_general" and len(tags) == 2 and atoms[0] is atoms[1]:
+            (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+            if tuple(lc) == tuple(rc) == tuple(range(len(atoms[0].aval.shape))) and not lb:
+                return [_Tag("measure", one.carries)]  # the squared norm d . d
         if name in ("ne",) and all(t.kind in ("diff", "fixed") for t in tags):
             return [_Tag("big", one.carries)]
         return [_bad(what + " (not a size of it)")]
@@ -299,13 +381,19 @@ def _transfer(eqn, tags: list[_Tag], atoms) -> list[_Tag]:
                 name in ("max", "add"):
             return [_Tag("measure", union)]
         if len(special) == 1:
-            if name in _SHAPE_OPS + _REDUCE_MEASURE + ("abs", "sqrt", "square") and len(tags) == 1:
+            if (_keeps_values(eqn) or name in _REDUCE_MEASURE + ("abs", "sqrt", "square")) \
+                    and len(tags) == 1:
                 return [one]
             if name == "integer_pow" and eqn.params["y"] > 0:
                 return [one]
-            if name in ("mul", "div") and free(others) and (name == "mul" or tags[0] is one):
+            # Scaling keeps a size a size only by a positive factor (dividing by a
+            # nonnegative one: 0/0 is NaN, which compares false: converged).
+            if name == "mul" and free(others) and others[0].sign == "pos":
                 return [one]
-            if name == "pow" and tags[0] is one and free(others):
+            if name == "div" and tags[0] is one and free(others) and \
+                    others[0].sign in ("pos", "nonneg"):
+                return [one]
+            if name == "pow" and tags[0] is one and free(others) and others[0].sign == "pos":
                 return [one]
             if name in _FLIP and len(tags) == 2 and free(others):
                 op = name if tags[0] is one else _FLIP[name]
@@ -317,7 +405,8 @@ def _transfer(eqn, tags: list[_Tag], atoms) -> list[_Tag]:
     if one.kind in ("big", "small"):
         if name == "not" and len(tags) == 1:
             return [_Tag("small" if one.kind == "big" else "big", one.carries)]
-        if name in _SHAPE_OPS and len(tags) == 1:
+        if len(tags) == 1 and (_keeps_values(eqn) or (
+                name == "convert_element_type" and eqn.outvars[0].aval.dtype == bool)):
             return [one]
         if name in ("reduce_or", "reduce_and") and len(tags) == 1:
             ok = (name == "reduce_or") == (one.kind == "big")
@@ -335,6 +424,8 @@ def _transfer(eqn, tags: list[_Tag], atoms) -> list[_Tag]:
             other = b if a is one else a
             if other.kind not in ("fixed", "iterate"):
                 return [_bad(f"'{name}' of a convergence test and its opposite")]
+            if other.kind == "fixed" and notes is not None:
+                notes[id(eqn)] = 0 if a is one else 1
             if one.kind == strong or other.kind == "fixed":
                 return [one]  # a cap on counters and constants, or a test that only adds iterations
             return [_bad(f"the loop can also stop on a test of the iterate's values ('{name}'), "
@@ -383,7 +474,8 @@ def _carry_tags(kinds, copies) -> list[_Tag]:
 
 
 def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
-                     copies: dict[int, int]) -> tuple[set[int], set[int]] | str:
+                     copies: dict[int, int], cap_joins: dict | None = None
+                     ) -> tuple[set[int], set[int]] | str:
     """``(covered, gaps)``: the state carries whose convergence the exit test
     checks, and the carries that hold a convergence gap the body computes; or a
     one-line reason the condition is not a convergence test."""
@@ -399,7 +491,7 @@ def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
         if t.kind in ("diff", "measure", "big", "small") and kinds[i] not in (INVARIANT, PREVIOUS):
             gaps.add(i)
             cond_in[i] = t
-    (result,) = _interpret(cond, [_FIXED] * cond_n + cond_in)
+    (result,) = _interpret(cond, [_FIXED] * cond_n + cond_in, notes=cap_joins)
     if result.kind == "bad":
         return f"the exit test is not a convergence test: {result.why}"
     if result.kind == "small":
@@ -421,3 +513,52 @@ def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
 def _cond_reads(cond, cond_n: int, m: int) -> list[int]:
     _, used = jx.dce_jaxpr(cond, [True])
     return [i for i in range(m) if used[cond_n + i]]
+
+
+def convergence_only(loop: FixedPointLoop):
+    """``test(cond_consts, carries) -> bool``: the loop's exit test without its
+    iteration cap (each 'and'/'or' joining the convergence test with a test of
+    counters and constants reads the convergence test alone).  True means the
+    carries have not converged."""
+    joins = loop.cap_joins or {}
+
+    def run(jaxpr, consts, args):
+        env = {}
+
+        def read(atom):
+            return atom.val if isinstance(atom, jx.Literal) else env[atom]
+
+        for v, x in zip(jaxpr.constvars, consts):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args):
+            env[v] = x
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            sub = _sub_jaxpr(eqn)
+            if id(eqn) in joins:
+                outs = [ins[joins[id(eqn)]]]
+            elif sub is not None and len(sub.invars) == len(ins) and _holds_join(sub, joins):
+                sub_consts = getattr(next(eqn.params[k] for k in _CALL_PARAMS
+                                          if eqn.params.get(k) is not None), "consts", ())
+                outs = run(sub, sub_consts, ins)
+            else:
+                outs = jx.eval_equation(eqn, ins)
+            for v, x in zip(eqn.outvars, outs):
+                env[v] = x
+        return [read(a) for a in jaxpr.outvars]
+
+    def test(cond_consts, carries):
+        (result,) = run(loop.cond_jaxpr, (), [*cond_consts, *carries])
+        return result
+
+    return test
+
+
+def _holds_join(jaxpr, joins) -> bool:
+    for eqn in jaxpr.eqns:
+        if id(eqn) in joins:
+            return True
+        sub = _sub_jaxpr(eqn)
+        if sub is not None and _holds_join(sub, joins):
+            return True
+    return False

@@ -66,7 +66,8 @@ from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.value import Value
 from .base import Pass, PassContext, register_pass
-from .fixed_point_match import INVARIANT, FixedPointLoop, match_fixed_point
+from .fixed_point_match import (COUNTER, INVARIANT, FixedPointLoop, convergence_only,
+                                match_fixed_point)
 
 #: Rules this pass creates are named ``implicit_diff.<function>``; their regions
 #: (which hold the original loop and the adjoint solver's loops) are not searched
@@ -85,6 +86,7 @@ class ImplicitDiff(Pass):
     dense_max_size: int = 64
     restart: int = 20
     depth: int = 3
+    fallback_max_size: int = 1024
 
     def __post_init__(self):
         if self.max_iter < 1:
@@ -95,6 +97,8 @@ class ImplicitDiff(Pass):
             raise ValueError(f"restart must be >= 1, got {self.restart}")
         if self.depth < 1:
             raise ValueError(f"depth must be >= 1, got {self.depth}")
+        if self.fallback_max_size < 0:
+            raise ValueError(f"fallback-max-size must be >= 0, got {self.fallback_max_size}")
 
     def run(self, program, ctx: PassContext):
         found = _while_loops(program.body)
@@ -225,8 +229,9 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
     call_region = _loop_region(eqn)
     call = region_to_closed_jaxpr(call_region)
     state_size = sum(int(np.prod(eqn.outputs[i].aval.shape)) for i in loop.state)
+    loop_fn = functools.partial(jx.eval_jaxpr, call.jaxpr, ())
     tangent = _tangent_map(loop, _Solver(options, state_size), op_avals,
-                           [v.aval for v in eqn.outputs])
+                           [v.aval for v in eqn.outputs], loop_fn, options)
     t_avals = [jx.to_cotangent_aval(a) for a in op_avals if _inexact(a)]
     primal = functools.partial(jx.eval_jaxpr, call.jaxpr, ())
     rule = None
@@ -265,13 +270,22 @@ def _state_update(loop: FixedPointLoop, theta):
     return f
 
 
-def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals):
+def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, loop_fn,
+                 options: "ImplicitDiff"):
     """``tangent(operands, results, operand tangents) -> result tangents`` (inexact
-    ones) by the implicit function theorem at the fixed point ``x* = f(theta, x*)``:
-    ``(I - df/dx) t_x = df/dtheta . t_theta``, solved by ``lax.custom_linear_solve``,
-    which JAX transposes (reverse mode solves ``(I - df/dx)^T w = ct``) and
-    differentiates (the solve's own derivative is another solve, never a
-    differentiation of solver iterations)."""
+    ones).
+
+    When the loop stopped at a fixed point (checked at run time from primals,
+    ``_converged``): the implicit function theorem at ``x* = f(theta, x*)``,
+    ``(I - df/dx) t_x = df/dtheta . t_theta``, solved by
+    ``lax.custom_linear_solve``, which JAX transposes (reverse mode solves
+    ``(I - df/dx)^T w = ct``) and differentiates (the solve's own derivative is
+    another solve, never a differentiation of solver iterations).
+
+    Otherwise (the cap stopped it, it never ran, ``I - df/dx`` is singular): the
+    derivative of the loop as it ran, ``J . t`` with ``J`` the loop's Jacobian
+    from primals (``_fallback``), or NaN when the operands are too large for it --
+    never a different number."""
     theta = loop.theta
     theta_ops = [loop.const_operand(k) if kind == "const" else loop.carry_operand(k)
                  for kind, k in theta]
@@ -279,8 +293,10 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals):
     state_pos = {c: i for i, c in enumerate(loop.state)}
     hot = [k for k, j in enumerate(theta_ops) if _inexact(op_avals[j])]
     op_inexact = [_inexact(a) for a in op_avals]
+    converged = _convergence_check(loop, solver, f_eval, theta_ops, op_avals)
+    fallback = _fallback(loop_fn, op_avals, out_avals, options)
 
-    def tangent(ops, outs, t_ops):
+    def implicit(ops, outs, t_ops):
         it = iter(t_ops)
         t_of = {j: next(it) for j, inexact in enumerate(op_inexact) if inexact}
         theta_vals = [ops[j] for j in theta_ops]
@@ -293,8 +309,14 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals):
                     full[k] = v
                 return f_eval(full, x_star)
 
-            _, b = jax.jvp(through_theta, tuple(theta_vals[k] for k in hot),
-                           tuple(t_of[theta_ops[k]] for k in hot))
+            hot_t = [t_of[theta_ops[k]] for k in hot]
+            _, b = jax.jvp(through_theta, tuple(theta_vals[k] for k in hot), tuple(hot_t))
+            # Every part of b must be linear in the tangents for JAX to transpose the
+            # solve: a state update that reads no parameter gives a constant zero,
+            # made linear by adding 0 * (a linear function of the tangents).
+            link = functools.reduce(jnp.add, [0.0 * jnp.sum(t).astype(jnp.float32)
+                                              for t in hot_t])
+            b = [bi + link.astype(bi.dtype) for bi in b]
             _, f_x = jax.linearize(lambda *xs: f_eval(theta_vals, list(xs)), *x_star)
 
             def matvec(t):
@@ -311,11 +333,156 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals):
                 result.append(t_x[state_pos[source]])
             elif kind == INVARIANT:
                 result.append(t_of[loop.carry_operand(i)])
-            else:  # no parameter moves the fixed point; a gap is zero at it
+            else:  # no parameter moves the fixed point; an unused gap
                 result.append(jnp.zeros(aval.shape, aval.dtype))
         return result
 
+    def tangent(ops, outs, t_ops):
+        if not t_ops:
+            return implicit(ops, outs, t_ops)
+        ok = converged(ops, outs)
+        return lax.cond(ok, implicit, lambda o, r, t: fallback(o, t), ops, outs, t_ops)
+
     return tangent
+
+
+def _convergence_check(loop: FixedPointLoop, solver: "_Solver", f_eval, theta_ops, op_avals):
+    """``converged(operands, results) -> bool`` from primals: the loop ran, its
+    convergence test (the cap left out) passed on the carries it stopped with,
+    the fixed point is finite and, for a dense adjoint, ``I - df/dx`` is well
+    conditioned.  Static matching reads the exit test; this checks it held."""
+    cond_n, body_n = loop.cond_n, loop.body_n
+    still_moving = convergence_only(loop)
+
+    def converged(ops, outs):
+        ops = [lax.stop_gradient(o) if _inexact(a) else o for o, a in zip(ops, op_avals)]
+        outs = [lax.stop_gradient(o) if jnp.issubdtype(jnp.result_type(o), jnp.inexact) else o
+                for o in outs]
+        cond_consts = ops[:cond_n]
+        (ran,) = jx.eval_jaxpr(loop.cond_jaxpr, (), *cond_consts, *ops[cond_n + body_n:])
+        ok = jnp.asarray(ran, bool)
+        if not loop.forced:
+            # The loop's own test without its cap, on the carries it stopped with
+            # (the last change): false when the convergence test, not the cap,
+            # ended the loop.  (Not one step further: at a tolerance near the
+            # rounding floor one more float32 step can exceed it again.)
+            passed = ~jnp.asarray(still_moving(cond_consts, outs), bool)
+            # A tolerance below the rounding floor (1e-7 in float32) is never met
+            # and the cap stops the loop at a fixed point: accept a residual
+            # |f(x*) - x*| at the rounding level as well.
+            theta_vals = [ops[j] for j in theta_ops]
+            x_now = [outs[i] for i in loop.state]
+            floor = jnp.bool_(True)
+            for x, fx in zip(x_now, f_eval(theta_vals, x_now)):
+                scale = 1.0 + jnp.max(jnp.abs(x), initial=0.0).astype(jnp.float32)
+                eps = float(jnp.finfo(jnp.result_type(x)).eps)
+                floor = floor & (jnp.max(jnp.abs(fx - x), initial=0.0).astype(jnp.float32)
+                                 <= 64.0 * eps * scale)
+            ok = ok & (passed | floor)
+        x_star = [outs[i] for i in loop.state]
+        for x in x_star:
+            ok = ok & jnp.all(jnp.isfinite(x))
+        if solver.method == "dense" and x_star:
+            theta_vals = [ops[j] for j in theta_ops]
+            ok = ok & _well_conditioned(lambda xs: f_eval(theta_vals, xs), x_star)
+        return ok
+
+    return converged
+
+
+def _well_conditioned(f, x_star) -> jax.Array:
+    """``I - df/dx`` at ``x_star`` is far from singular (condition number below
+    1/(100 eps) in the solve's precision)."""
+    from jax.flatten_util import ravel_pytree
+    flat, unravel = ravel_pytree(x_star)
+    work = jnp.promote_types(flat.dtype, jnp.float32)
+
+    def g(v):
+        return ravel_pytree(f(unravel(v)))[0].astype(work)
+
+    m = jnp.eye(flat.shape[0], dtype=work) - jax.jacfwd(g)(flat).astype(work)
+    sv = jnp.linalg.svd(m, compute_uv=False)
+    eps = jnp.finfo(work).eps
+    return jnp.all(jnp.isfinite(sv)) & (sv[-1] > 100.0 * eps * sv[0])
+
+
+def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff"):
+    """``tangent(operands, operand tangents)``: the derivative of the loop as it
+    ran, ``J . t`` with ``J`` its Jacobian computed from primals by forward mode
+    (vmapped over a basis of the operands), so the result is linear in ``t`` and
+    transposes.  ``J`` is a custom_jvp whose derivative is again a dense
+    contraction, ``depth`` levels deep, so reverse mode over it never meets the
+    while_loop.  Operands larger than ``fallback_max_size`` elements give NaN."""
+    hot = [j for j, a in enumerate(op_avals) if _inexact(a)]
+    sizes = [int(np.prod(op_avals[j].shape)) for j in hot]
+    p = sum(sizes)
+    out_idx = [i for i, a in enumerate(out_avals) if _inexact(a)]
+    out_size = sum(int(np.prod(out_avals[i].shape)) for i in out_idx)
+    budget = 1 << 22
+
+    def loop_outs(*ops):
+        outs = loop_fn(*ops)
+        return [outs[i] for i in out_idx]
+
+    def contract(jacs, t_ops):
+        flat = jnp.concatenate([jnp.ravel(t).astype(jnp.float32) for t in t_ops]) \
+            if t_ops else jnp.zeros((0,), jnp.float32)
+        return [jnp.tensordot(jk.astype(jnp.promote_types(jk.dtype, jnp.float32)),
+                              flat.astype(jnp.promote_types(jk.dtype, jnp.float32)),
+                              axes=1).astype(jk.dtype) for jk in jacs]
+
+    def nan_like(shapes_dtypes, t_ops):
+        link = functools.reduce(jnp.add, [jnp.sum(t).astype(jnp.float32) for t in t_ops],
+                                jnp.float32(0.0))
+        return [jnp.full(sh, jnp.nan, jnp.float32).astype(dt) * link.astype(dt)
+                for sh, dt in shapes_dtypes]
+
+    def jacobian_of(g):
+        def jac(*ops):
+            def one(e):
+                pieces, start = [], 0
+                for j, n in zip(hot, sizes):
+                    pieces.append(e[start:start + n].reshape(op_avals[j].shape)
+                                  .astype(op_avals[j].dtype))
+                    start += n
+
+                def g_hot(*hv):
+                    full = list(ops)
+                    for j, v in zip(hot, hv):
+                        full[j] = v
+                    return g(*full)
+
+                return jax.jvp(g_hot, tuple(ops[j] for j in hot), tuple(pieces))[1]
+
+            cols = jax.vmap(one)(jnp.eye(p, dtype=jnp.float32))
+            return [jnp.moveaxis(c, 0, -1) for c in cols]
+        return jac
+
+    def dense(g, levels, n_elems):
+        """``g`` made differentiable by a dense Jacobian contraction, ``levels`` deep."""
+        if levels == 0:
+            return g
+        wrapped = jax.custom_jvp(g)
+        inner = dense(jacobian_of(g), levels - 1, n_elems * p)
+
+        @wrapped.defjvp
+        def _jvp(primals, tangents):
+            out = wrapped(*primals)
+            t_hot = [tangents[j] for j in hot]
+            if n_elems * p > budget:
+                return out, nan_like([(o.shape, o.dtype) for o in out], t_hot)
+            return out, contract(inner(*primals), t_hot)
+
+        return wrapped
+
+    if p == 0:
+        return lambda ops, t_ops: [jnp.zeros(out_avals[i].shape, out_avals[i].dtype)
+                                   for i in out_idx]
+    if p > options.fallback_max_size or out_size * p > budget:
+        return lambda ops, t_ops: nan_like([(out_avals[i].shape, out_avals[i].dtype)
+                                            for i in out_idx], t_ops)
+    jac = dense(jacobian_of(loop_outs), options.depth - 1, out_size * p)
+    return lambda ops, t_ops: contract(jac(*ops), t_ops)
 
 
 class _Solver:
@@ -334,13 +501,27 @@ class _Solver:
 
     def __call__(self, matvec, b):
         b = list(b)
+        # Solve in one dtype, at least float32 (half precision has no LU and
+        # loses the solve's accuracy; the Krylov solvers mix leaf dtypes), and
+        # cast each carry back.
+        dtypes = [jnp.result_type(x) for x in b]
+        work = functools.reduce(jnp.promote_types, dtypes, jnp.dtype(jnp.float32))
+        if any(d != work for d in dtypes):
+            inner = matvec
+
+            def matvec(w):
+                return [m.astype(work) for m in inner([wi.astype(d) for wi, d in zip(w, dtypes)])]
+
+            b = [x.astype(work) for x in b]
         if self.method == "fixed-point":
-            return self._fixed_point(matvec, b)
-        if self.method == "gmres":
-            return self._gmres(matvec, b)
-        if self.method == "bicgstab":
-            return self._bicgstab(matvec, b)
-        return self._dense(matvec, b)
+            w = self._fixed_point(matvec, b)
+        elif self.method == "gmres":
+            w = self._gmres(matvec, b)
+        elif self.method == "bicgstab":
+            w = self._bicgstab(matvec, b)
+        else:
+            w = self._dense(matvec, b)
+        return [wi.astype(d) for wi, d in zip(w, dtypes)]
 
     def _bicgstab(self, matvec, b):
         from jax.scipy.sparse.linalg import bicgstab
