@@ -28,6 +28,9 @@ import jax
 from jax import tree_util
 
 from .backends import xla
+# Importing the closure session registers its JAX user context, which lengthens
+# JAX's trace context: do it before the first cache key is made from that context.
+from .closure import session as _closure_session  # noqa: F401
 from .ir.program import Program
 from .jax_adapter import jit_resolved_argnums, trace_context
 
@@ -167,9 +170,10 @@ class JitFunction:
         try:
             self._fun_ref: Callable[[], Any] = weakref.ref(fun)
             self._weak_error: TypeError | None = None
+            hash(fun)
         except TypeError as e:
-            # jax.jit's caches hold functions weakly: it accepts such a function
-            # but fails when called, with this error; so do we.
+            # jax.jit's caches hold functions weakly and by hash: it accepts such a
+            # function but fails when called, with this error; so do we.
             self._fun_ref = lambda: fun
             self._weak_error = e
         try:
@@ -242,7 +246,7 @@ class JitFunction:
             raise TypeError(*self._weak_error.args)
         dyn_args, dyn_kwargs, statics = self._split_statics(args, kwargs)
         leaves, tree = tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        if not all(isinstance(x, jax.core.Tracer) for x in leaves):
+        if jax.config.jax_disable_jit or not all(isinstance(x, jax.core.Tracer) for x in leaves):
             # jax.jit calls its function on concrete values only when jit is disabled
             # (jax.disable_jit): then it runs the Python function, and so do we.
             return self._fun(*args, **kwargs)

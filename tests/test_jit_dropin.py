@@ -1,6 +1,7 @@
 """jaxpr_cc.jit as a drop-in for jax.jit: every keyword of jax.jit and every AOT stage,
 each compared with what jax.jit does on the same function (values, shardings,
 donation, errors).  The tests' process has 8 host devices (tests/conftest.py)."""
+import dataclasses
 import inspect
 import re
 import warnings
@@ -357,3 +358,43 @@ def test_wrapped_attributes_like_jax_jit():
     for attr in ("__doc__", "__name__", "__module__", "__qualname__", "__annotations__",
                  "some_value"):
         assert getattr(ours, attr) == getattr(ref, attr), attr
+
+
+def test_first_function_is_traced_once():
+    # In a fresh process: the first trace must not change JAX's trace context
+    # between the first call and the second (the cache key would change).
+    import subprocess
+    import sys
+    code = ("import jax.numpy as jnp, jaxpr_cc\n"
+            "n = [0]\n"
+            "def f(x):\n    n[0] += 1\n    return x * 2\n"
+            "g = jaxpr_cc.jit(f)\n"
+            "x = jnp.arange(3.)\n"
+            "g(x); g(x + 1)\n"
+            "print(n[0], g.cache_size())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["1", "1"], out.stderr
+
+
+def test_disable_jit_runs_a_call_without_dynamic_arguments_eagerly():
+    def f(n):
+        y = jnp.arange(3.0) * n
+        return y if float(y.sum()) > 1 else -y  # needs concrete values
+
+    with jax.disable_jit():
+        np.testing.assert_array_equal(jaxpr_cc.jit(f, static_argnums=0)(2),
+                                      jax.jit(f, static_argnums=0)(2))
+
+
+def test_unhashable_callable_fails_as_in_jax():
+    @dataclasses.dataclass
+    class Scale:  # eq=True makes it unhashable
+        k: float
+
+        def __call__(self, x):
+            return x * self.k
+
+    with pytest.raises(TypeError, match="unhashable type: 'Scale'"):
+        jax.jit(Scale(2.0))(jnp.ones(3))
+    with pytest.raises(TypeError, match="unhashable type: 'Scale'"):
+        jaxpr_cc.jit(Scale(2.0))(jnp.ones(3))
