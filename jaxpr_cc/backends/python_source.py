@@ -43,7 +43,7 @@ from .python_custom import CustomRulesMixin
 from .python_spelling import (SpellingError, array_literal_source, dtype_source,
                               literal_source, param_source, restore_expression,
                               sidecar_array)
-from .python_text import (HELPER_IMPORTS, HELPERS, Function, PythonEmitError, flat_return,
+from .python_text import (HELPER_DEPS, HELPER_IMPORTS, HELPERS, Function, PythonEmitError, flat_return,
                           layout, render_call, stmt, tuple_src)
 
 __all__ = ["INLINE_LIMIT", "PythonEmitError", "PythonModule", "emit_python",
@@ -447,6 +447,12 @@ class _ModuleEmitter:
         self.imports.update(HELPER_IMPORTS["_bind"])
         return Call("_bind", [repr(eqn.prim.name)] + list(ctx.ins), kwargs,
                     multiple=bool(eqn.prim.multiple_results), comment=NO_SPELLING)
+
+    def use_helper(self, name: str) -> None:
+        """Define helper ``name`` (and the helpers it calls) in the module."""
+        for dep in (name, *HELPER_DEPS.get(name, ())):
+            self.helpers.add(dep)
+            self.imports.update(HELPER_IMPORTS[dep])
 
     def param(self, value: Any, *, dtype_objects: bool = False) -> str:
         src = param_source(value, dtype_objects=dtype_objects)
