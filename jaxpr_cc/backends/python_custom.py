@@ -321,6 +321,62 @@ class CustomRulesMixin:
             prologue.append(f"{tuple_src(names)} = {pname}")
         return pname
 
+    # -- linear solves -------------------------------------------------------
+    def custom_linear_solve(self, eqn: Equation) -> Call:
+        """``lax.custom_linear_solve(matvec, (b,...), solve, transpose_solve)``: each
+        stored jaxpr becomes a local function closing over its leading operands
+        (custom_linear_solve closure-converts them again, as the original did); ``b``
+        is passed as a tuple of its leaves, so every function takes and returns one."""
+        from ..frontend.from_jaxpr import region_from_closed_jaxpr
+        p = eqn.params
+        lengths, jaxprs = p.get("const_lengths"), p.get("jaxprs")
+        if set(p) != {"const_lengths", "jaxprs"} or jaxprs.matvec is None or jaxprs.solve is None:
+            raise PythonEmitError(f"{self._where()}: parameters {sorted(p)} have no source form")
+        starts, k = {}, 0
+        for field in lengths._fields:
+            starts[field] = k
+            k += getattr(lengths, field)
+        consts = {f: self.eqn.inputs[starts[f]:starts[f] + getattr(lengths, f)]
+                  for f in lengths._fields}
+        b = list(self.ins[k:])
+        if len(eqn.outputs) != len(b):
+            raise PythonEmitError(f"{self._where()}: a solve with auxiliary outputs has no "
+                                  f"source form")
+
+        def same(f, g):
+            return (getattr(jaxprs, f) is not None and getattr(jaxprs, g) is not None
+                    and str(getattr(jaxprs, f)) == str(getattr(jaxprs, g))
+                    and list(consts[f]) == list(consts[g]))
+        symmetric = same("vecmat", "matvec") and same("transpose_solve", "solve")
+        em = self.emitter
+
+        def function(field: str, takes_operator: bool) -> str:
+            region = region_from_closed_jaxpr(getattr(jaxprs, field))
+            n = len(consts[field])
+            for v, outer in zip(region.invars[:n], consts[field]):
+                em.env[v] = em.closed_over(outer, self.fn)
+            x = em.namer.fresh("x")
+            names = em.name_binders(region.invars[n:], [None] * (len(region.invars) - n))
+            params = ([em.namer.fresh("operator")] if takes_operator else []) + [x]
+            fdef = em.function(region, em.namer.fresh(field), params,
+                               [f"{tuple_src(names)} = {x}"], self.fn.depth + 1,
+                               returns=tuple_src)
+            self.fn.body.append(fdef)
+            return fdef.name.value
+
+        matvec = function("matvec", False)
+        solve = function("solve", True)
+        kwargs = []
+        if symmetric:
+            kwargs.append(("symmetric", "True"))
+            transpose_solve = solve
+        elif jaxprs.transpose_solve is not None:
+            transpose_solve = function("transpose_solve", True)
+        else:
+            transpose_solve = "None"
+        return Call("lax.custom_linear_solve", [matvec, tuple_src(b), solve, transpose_solve],
+                    kwargs, multiple=True)
+
     # -- callbacks and policies --------------------------------------------
     def debug_callback(self, eqn: Equation) -> Call | None:
         from ..jax_adapter import debug_callback_parts, is_ordered_effect

@@ -257,8 +257,39 @@ def _random_fold_in(ctx, eqn):
 def _random_wrap(ctx, eqn):
     if set(eqn.params) != {"impl"}:
         return None
+    # A PRNG implementation goes by its registered name (``str(impl)`` is its short
+    # tag, e.g. 'fry', which jax.random does not accept).
     return Call("jax.random.wrap_key_data", [ctx.ins[0]],
-                [("impl", repr(str(eqn.params["impl"])))])
+                [("impl", repr(eqn.params["impl"].name))])
+
+
+@rule("random_seed")
+def _random_seed(ctx, eqn):
+    seed = eqn.inputs[0].aval
+    # jax.random.key stages random_seed alone only for a scalar int32 seed.
+    if set(eqn.params) != {"impl"} or seed.shape != () or seed.dtype != np.int32:
+        return None
+    return Call("jax.random.key", [ctx.ins[0]], [("impl", repr(eqn.params["impl"].name))])
+
+
+@rule("device_put")
+def _device_put(ctx, eqn):
+    p = eqn.params
+    if set(p) != {"devices", "srcs", "copy_semantics"} or any(
+            d is not None for d in (*p["devices"], *p["srcs"])):
+        return None
+    kinds = {c.name for c in p["copy_semantics"]}
+    if len(kinds) != 1:
+        return None
+    # jax.device_put's flags for each copy semantics: REUSE_INPUT is the default.
+    flags = {"REUSE_INPUT": [], "ALWAYS_COPY": [("may_alias", "False")],
+             "DONATE_INPUT": [("donate", "True")]}.get(kinds.pop())
+    if flags is None:
+        return None
+    ins = list(ctx.ins)
+    if len(ins) == 1:
+        return Call("jax.device_put", ins, flags)
+    return Call("jax.device_put", ["(" + ", ".join(ins) + ")"], flags, multiple=True)
 
 
 @rule("random_unwrap")
@@ -498,6 +529,11 @@ def _custom_jvp(ctx, eqn):
 @rule("custom_vjp_call", "custom_vjp_call_jaxpr")
 def _custom_vjp(ctx, eqn):
     return ctx.custom_vjp(eqn)
+
+
+@rule("custom_linear_solve")
+def _custom_linear_solve(ctx, eqn):
+    return ctx.custom_linear_solve(eqn)
 
 
 @rule("linear_call")

@@ -456,8 +456,9 @@ class _ModuleEmitter:
 
     def param(self, value: Any, *, dtype_objects: bool = False) -> str:
         src = param_source(value, dtype_objects=dtype_objects)
-        if "_mesh(" in src:
-            self.helpers.add("_mesh")
+        for helper in ("_mesh", "_prng_impl", "_copy_semantics"):
+            if helper + "(" in src:
+                self.use_helper(helper)
         if "P(" in src:
             self.uses_partition_spec = True
         return src

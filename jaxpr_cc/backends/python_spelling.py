@@ -210,6 +210,14 @@ def param_source(value: Any, *, dtype_objects: bool = False) -> str:
         return "{" + ", ".join(f"{rec(k)}: {rec(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (np.ndarray, jax.Array)):
         return array_literal_source(value)
+    from ..jax_adapter import linear_solve_tuple_type, prng_impl_by_name, prng_impl_type
+    if isinstance(value, prng_impl_type()):
+        if prng_impl_by_name(value.name) is not value:
+            raise SpellingError(f"PRNG implementation {value.name!r} is not registered with JAX "
+                                f"under that name")
+        return f"_prng_impl({value.name!r})"
+    if isinstance(value, linear_solve_tuple_type()):
+        return "(" + ", ".join(rec(v) for v in value) + ")"
     raise SpellingError(f"value of type {type(value).__module__}.{type(value).__qualname__} "
                         f"has no Python source spelling")
 
@@ -220,6 +228,9 @@ def _enum_source(value: enum.Enum) -> str:
         return f"lax.{name}.{value.name}"
     if name == "AxisType" and jax.sharding.AxisType is type(value):
         return f"jax.sharding.AxisType.{value.name}"
+    from ..jax_adapter import array_copy_semantics_type
+    if type(value) is array_copy_semantics_type():
+        return f"_copy_semantics({value.name!r})"
     raise SpellingError(f"enum {type(value).__module__}.{type(value).__qualname__} has no spelling")
 
 

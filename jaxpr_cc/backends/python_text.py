@@ -312,7 +312,24 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
     fun.defjvp(jvp_with_consts, symbolic_zeros=True)
     return fun
 '''
-HELPER_IMPORTS.update({"_closed_over": (), "_custom_vjp_with_consts": (),
+HELPERS["_prng_impl"] = '''
+def _prng_impl(name):
+    """The PRNG implementation JAX registers as ``name`` (a random_seed/random_wrap
+    parameter), read from the equation jax.random.key stages for it."""
+    return jax.make_jaxpr(lambda: jax.random.key(0, impl=name))().eqns[0].params["impl"]
+'''
+
+HELPERS["_copy_semantics"] = '''
+def _copy_semantics(name):
+    """device_put's copy semantics ``name``, read from the equation jax.device_put
+    stages with the matching flags."""
+    flags = {"REUSE_INPUT": {}, "ALWAYS_COPY": {"may_alias": False},
+             "DONATE_INPUT": {"donate": True}}[name]
+    closed = jax.make_jaxpr(lambda x: jax.device_put(x, **flags))(np.float32(0))
+    return closed.eqns[0].params["copy_semantics"][0]
+'''
+
+HELPER_IMPORTS.update({"_prng_impl": (), "_copy_semantics": (), "_closed_over": (), "_custom_vjp_with_consts": (),
                        "_custom_jvp_with_consts": ()})
 # Helpers that call other helpers.
 HELPER_DEPS = {"_custom_vjp_with_consts": ("_closed_over", "_dense"),
