@@ -369,6 +369,10 @@ def _cond_folds(eqn) -> list:
         return []
     if [c for c, _ in region.users(index)] != [eqn]:
         return []
+    if producer.prim.name == "platform_index":
+        # lax.platform_dependent stages platform_index then this cond.
+        same = producer.params.get("platforms") == eqn.params.get("branches_platforms")
+        return [producer] if same and set(producer.params) == {"platforms"} else []
     n = len(eqn.params["branches"])
     if (n == 2 and producer.prim.name == "convert_element_type"
             and np.dtype(producer.inputs[0].aval.dtype) == np.bool_
@@ -389,11 +393,20 @@ FOLDS["cond"] = _cond_folds
 
 @rule("cond")
 def _cond(ctx, eqn):
-    if set(eqn.params) != {"branches"}:
-        return None
     branches = eqn.params["branches"]
     operands = ctx.ins[1:]
     folded = ctx.folded
+    if set(eqn.params) == {"branches", "branches_platforms"}:
+        if not (folded and folded[0].prim.name == "platform_index"):
+            return None
+        kwargs = []
+        for i, (branch, platforms) in enumerate(zip(branches, eqn.params["branches_platforms"])):
+            name = ctx.explicit_function(branch, f"branch_{i}")
+            kwargs += [(p, name) for p in platforms] if platforms is not None \
+                else [("default", name)]
+        return Call("lax.platform_dependent", list(operands), kwargs)
+    if set(eqn.params) != {"branches"}:
+        return None
     if folded and folded[0].prim.name == "convert_element_type":
         names = [ctx.explicit_function(branches[0], "false_fun"),
                  ctx.explicit_function(branches[1], "true_fun")]

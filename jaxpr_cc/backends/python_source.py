@@ -456,8 +456,10 @@ class _ModuleEmitter:
 
     def param(self, value: Any, *, dtype_objects: bool = False) -> str:
         src = param_source(value, dtype_objects=dtype_objects)
-        for helper in ("_mesh", "_prng_impl", "_copy_semantics"):
-            if helper + "(" in src:
+        for call, helper in (("_mesh(", "_mesh"), ("_prng_impl(", "_prng_impl"),
+                             ("_copy_semantics(", "_copy_semantics"), ("_primitive(", "_bind"),
+                             ("_import_callable(", "_import_callable")):
+            if call in src:
                 self.use_helper(helper)
         if "P(" in src:
             self.uses_partition_spec = True
