@@ -228,3 +228,51 @@ PROGRAMS.update({
     "ragged": (ragged, (F, M)),
     "collectives": (collectives, (F,)),
 })
+
+
+def more_elementwise(x, i, u):
+    c = jnp.clip(x * 0.4, -0.9, 0.9)
+    y = (lax.acos(c) + lax.asin(c) + lax.atan(c) + lax.acosh(jnp.abs(x) + 1) + lax.asinh(x)
+         + lax.atanh(c) + lax.ceil(x) + lax.floor(x) + lax.cosh(c) + lax.sinh(c))
+    z = lax.complex(x, x)
+    hi = jax.lax.mul(u, u)
+    return (y, jnp.abs(z), lax.le(x, c), lax.reciprocal(x + 3.0) if hasattr(lax, "reciprocal")
+            else 1 / (x + 3.0), jnp.prod(x), jnp.bitwise_xor.reduce(i), hi,
+            jax.grad(lambda a: jnp.sum(lax.igamma(a, jnp.ones(6))))(jnp.abs(x) + 0.5))
+
+
+def more_structure(x, i):
+    x = jnp.asarray(x)
+    m = x.reshape(2, 3)
+    mn = lax.reduce_window(m, jnp.inf, lax.min, (1, 2), (1, 1), "VALID")
+    sub = x.at[jnp.array([2])].subtract(1.0)
+    rolled = jnp.roll(x, i[0])
+    parts = lax.unstack(m) if hasattr(lax, "unstack") else list(m)
+    tri = lax.linalg.tridiagonal(M)
+    hess = lax.linalg.hessenberg(M)
+    perm = lax.linalg.lu_pivots_to_permutation(jnp.array([2, 2, 2], jnp.int32), 3)
+    bits = jax.extend.random.threefry_2x32(jnp.array([1, 2], jnp.uint32), U32)
+    uni = lax.rng_uniform(0.0, 1.0, (2,))
+    q = lax.linalg.ormqr(M, jnp.array([1.2, 0.5], jnp.float32), M)
+    return q, mn, sub, rolled, parts, tri, hess, perm, bits, uni.shape
+
+
+def more_collectives(x):
+    mesh = jax.make_mesh((2,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def body(v):
+        scattered = lax.psum_scatter(jnp.concatenate([v, v]), "i", tiled=True)
+        swapped = lax.all_to_all(v.reshape(2, -1), "i", 0, 0, tiled=True).reshape(-1)
+        return scattered + swapped
+
+    return jax.shard_map(body, mesh=mesh, in_specs=jax.sharding.PartitionSpec("i"),
+                         out_specs=jax.sharding.PartitionSpec("i"))(x)
+
+
+import jax.extend.random  # noqa: E402
+
+PROGRAMS.update({
+    "more_elementwise": (more_elementwise, (F, I32, U32)),
+    "more_structure": (more_structure, (F, I32)),
+    "more_collectives": (more_collectives, (np.linspace(0, 1, 8, dtype=np.float32),)),
+})

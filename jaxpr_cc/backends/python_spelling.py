@@ -200,6 +200,12 @@ def param_source(value: Any, *, dtype_objects: bool = False) -> str:
     if isinstance(value, (frozenset, set)):
         items = sorted((rec(v) for v in value))
         return "frozenset({" + ", ".join(items) + "})" if items else "frozenset()"
+    from ..jax_adapter import linear_solve_tuple_type, prng_impl_by_name, prng_impl_type
+    if isinstance(value, prng_impl_type()):
+        if prng_impl_by_name(value.name) is not value:
+            raise SpellingError(f"PRNG implementation {value.name!r} is not registered with JAX "
+                                f"under that name")
+        return f"_prng_impl({value.name!r})"
     if isinstance(value, tuple):
         if hasattr(value, "_fields"):
             raise SpellingError(f"named tuple {type(value).__qualname__} has no spelling")
@@ -211,12 +217,6 @@ def param_source(value: Any, *, dtype_objects: bool = False) -> str:
         return "{" + ", ".join(f"{rec(k)}: {rec(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (np.ndarray, jax.Array)):
         return array_literal_source(value)
-    from ..jax_adapter import linear_solve_tuple_type, prng_impl_by_name, prng_impl_type
-    if isinstance(value, prng_impl_type()):
-        if prng_impl_by_name(value.name) is not value:
-            raise SpellingError(f"PRNG implementation {value.name!r} is not registered with JAX "
-                                f"under that name")
-        return f"_prng_impl({value.name!r})"
     if isinstance(value, jax.lax.RaggedDotDimensionNumbers):
         return (f"lax.RaggedDotDimensionNumbers(dot_dimension_numbers="
                 f"{rec(value.dot_dimension_numbers)}, lhs_ragged_dimensions="
