@@ -809,3 +809,60 @@ def eval_equation(eqn, invals) -> list:
     params = eqn.primitive.get_bind_params(eqn.params)
     out = eqn.primitive.bind(*invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
+# ---------------------------------------------------------------------------
+# Param types of every primitive (issue 16): PRNG implementations by registered
+# name, device_put copy semantics, custom_linear_solve's named tuples, and the
+# registry of primitives JAX defines.
+# ---------------------------------------------------------------------------
+def prng_impl_type() -> type:
+    """The class of ``random_seed`` / ``random_wrap``'s ``impl`` parameter."""
+    from jax._src.random import prng
+    return prng.PRNGImpl
+
+
+def prng_impl_by_name(name: str):
+    """The registered PRNG implementation called ``name`` (``threefry2x32``, ``rbg``...),
+    or None."""
+    return prng_impls().get(name)
+
+
+def array_copy_semantics_type() -> type:
+    """The enum of ``device_put``'s ``copy_semantics`` parameter."""
+    from jax._src import dispatch
+    return dispatch.ArrayCopySemantics
+
+
+def linear_solve_tuple_type() -> type:
+    """The named tuple of ``custom_linear_solve``'s ``const_lengths`` and ``jaxprs``."""
+    from jax._src.lax.control_flow import solves
+    return solves._LinearSolveTuple
+
+
+_SKIPPED_PRIMITIVE_MODULES = ("mosaic", "pallas", "tpu", "gpu", "cuda", "rocm", "triton",
+                              "test", "mlir.dialects", "tools")
+
+
+def registered_primitives() -> dict[str, str]:
+    """Every primitive JAX 0.10.2 defines, by name -> the module defining it: the
+    modules of ``jax._src`` are imported (except accelerator back ends, which
+    register primitives only their own hardware can run) and searched for
+    ``Primitive`` objects."""
+    import importlib
+    import pkgutil
+    import sys
+    import jax._src
+    for info in pkgutil.walk_packages(jax._src.__path__, "jax._src."):
+        if any(part in info.name for part in _SKIPPED_PRIMITIVE_MODULES):
+            continue
+        try:
+            importlib.import_module(info.name)
+        except Exception:  # optional dependencies (e.g. a missing GPU plugin)
+            continue
+    found: dict[str, str] = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("jax"):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, _core.Primitive):
+                found.setdefault(value.name, name)
+    return found

@@ -8,16 +8,17 @@ first-order form as ``@jax.custom_vjp`` / ``@jax.custom_jvp`` functions with
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import libcst as cst
 
 from ..ir.equation import Equation
 from ..ir.printer import _is_function
 from ..ir.region import Region
-from ..ir.value import Value, is_literal
+from ..ir.value import is_literal
 from .python_rules import Call
-from .python_text import PythonEmitError, flat_return, inexact, stmt, tuple_src
+from .python_text import (PythonEmitError, flat_return, inexact, render_call, stmt,
+                          tuple_src)
 
 
 class CustomRulesMixin:
@@ -31,8 +32,13 @@ class CustomRulesMixin:
     #   custom_vjp  call: (c, x) -> y   fwd: (c, x) -> (y, r)   bwd: (c, r, ct_y) -> ct_x
     #   custom_jvp  call: (c, x) -> y   jvp: (c, x, t_x) -> (y, t_y)
     #   linear_call callee: (r, x) -> y   transpose: (r, ct_y) -> ct_x
-    # Closed-over values stay closed over: the rule functions are then defined inside
-    # the function that uses them, so tracing them again finds the same values.
+    # Rules that close over nothing become @jax.custom_vjp / @jax.custom_jvp functions
+    # with the user's own signature.  Rules with closed-over values take them as
+    # leading explicit arguments (as jax.closure_convert passes them) and are built by
+    # the _custom_vjp_with_consts / _custom_jvp_with_consts helpers, which differentiate
+    # w.r.t. those values under the rule's recorded policy, as the Program does: the
+    # emitted code never closes over a traced value, so it is differentiable w.r.t.
+    # every input.  Rule regions are closed, so every rule is a module-level function.
     def _require_rules(self, names: Sequence[str]) -> bool:
         """Check the equation is first-order; False when its rule regions were left out
         because the rule sat ``depth_limit`` rules deep (the rule is then emitted as
@@ -57,55 +63,51 @@ class CustomRulesMixin:
                f"rule_depth={limit + 1} and emit again")
         return f"raise RuntimeError({msg!r})"
 
-    def _raising(self, name: str, params: list[str], kind: str, wanted: str, local: bool) -> None:
+    def _raising(self, name: str, params: list[str], kind: str, wanted: str) -> None:
         code = f"def {name}({', '.join(params)}):\n    {self._unmaterialized(kind, wanted)}\n"
-        if local:
-            self.fn.add(code)
-        else:
-            self.emitter.module_defs.append(stmt(code))
-
-    def _close_over(self, invars: Sequence[Value], consts: Sequence[Any]) -> None:
-        for v, outer in zip(invars, consts):
-            self.emitter.env[v] = self.emitter.closed_over(outer, self.fn)
+        self.emitter.module_defs.append(stmt(code))
 
     def _arg_hints(self, first: int) -> list[str | None]:
         em = self.emitter
         return [em.env.get(a) if not is_literal(a) else None for a in self.eqn.inputs[first:]]
 
     def _define(self, region: Region, name: str, params: list[str], prologue: list[str],
-                returns, local: bool, decorator: str | None = None) -> None:
-        depth = self.fn.depth + 1 if local else 1
-        fdef = self.emitter.function(region, name, params, prologue, depth, returns=returns)
+                returns, decorator: str | None = None) -> None:
+        """A module-level function for ``region`` (rule regions are closed)."""
+        fdef = self.emitter.function(region, name, params, prologue, 1, returns=returns)
         if decorator:
             fdef = fdef.with_changes(decorators=[cst.Decorator(cst.parse_expression(decorator))])
-        (self.fn.body if local else self.emitter.module_defs).append(fdef)
+        self.emitter.module_defs.append(fdef)
 
-    def _after(self, code: str, local: bool) -> None:
-        if local:
-            self.fn.add(code)
-        else:
-            self.emitter.module_defs.append(stmt(code))
+    def _after(self, code: str) -> None:
+        self.emitter.module_defs.append(stmt(code))
 
-    def _custom_function(self, region: Region, kind: str, nc: int, local: bool) -> tuple[str, str]:
-        """The primal ``@jax.custom_vjp``/``@jax.custom_jvp`` function; its Python name
-        and the name JAX records (``__name__``, kept even when the identifier is taken)."""
+    def _rule_name(self, call: Region, kind: str) -> tuple[str, str]:
+        """The Python name of the custom function and the name JAX records for it
+        (``__name__``, kept even when the identifier is taken); registered for the
+        rule before its bodies are emitted, since they may call it again."""
         em = self.emitter
         given = self.eqn.params.get("name")
-        dbg = getattr(region, "debug_info", None)
+        dbg = getattr(call, "debug_info", None)
         wanted = given if isinstance(given, str) and given else (
             getattr(dbg, "func_name", None) or f"{kind}_fun")
         name = wanted if wanted.isidentifier() and em.namer.claim(wanted) else \
             em.namer.fresh(wanted, f"{kind}_fun")
-        if self.rule_key is not None:  # before the bodies, which may call it again
-            em.custom_functions[self.rule_key] = (name, wanted)
-        self._close_over(region.invars[:nc], self.eqn.inputs[:nc])
-        params = em.name_binders(region.invars[nc:], self._arg_hints(nc))
+        em.custom_functions[self.rule_key] = (name, wanted)
+        return name, wanted
+
+    def _custom_function(self, region: Region, kind: str) -> tuple[str, str]:
+        """The primal ``@jax.custom_vjp``/``@jax.custom_jvp`` function; its Python name
+        and the name JAX records (``__name__``, kept even when the identifier is taken)."""
+        em = self.emitter
+        name, wanted = self._rule_name(region, kind)
+        params = em.name_binders(region.invars, self._arg_hints(0))
         if name == wanted:
-            self._define(region, name, params, [], flat_return, local, f"jax.{kind}")
+            self._define(region, name, params, [], flat_return, f"jax.{kind}")
         else:
-            self._define(region, name, params, [], flat_return, local)
-            self._after(f"{name}.__name__ = {wanted!r}", local)
-            self._after(f"{name} = jax.{kind}({name})", local)
+            self._define(region, name, params, [], flat_return)
+            self._after(f"{name}.__name__ = {wanted!r}")
+            self._after(f"{name} = jax.{kind}({name})")
         return name, wanted
 
     def _dense(self, names: list[str], prologue: list[str]) -> None:
@@ -128,10 +130,8 @@ class CustomRulesMixin:
         custom function object where the original program had one, so rules nest (and
         are cut off) as they did."""
         em = self.emitter
-        nc = eqn.params.get("num_consts", 0)
-        if nc:
-            self.rule_key = None
-            return getattr(self, build)(eqn)
+        if eqn.params.get("num_consts", 0):
+            return self._custom_with_consts(eqn, build)
         target = em.rule_twin(eqn)
         key = em.rule_key(target)
         if key not in em.custom_functions:
@@ -144,40 +144,36 @@ class CustomRulesMixin:
     def _custom_vjp(self, eqn: Equation) -> Call:
         complete = self._require_rules(["call_jaxpr", "fwd_jaxpr", "bwd_jaxpr"])
         em, p = self.emitter, eqn.params
-        nc, num_res = p.get("num_consts", 0), p["num_res"]
+        num_res = p["num_res"]
         symbolic = bool(p.get("symbolic_zeros"))
         call = p["call_jaxpr"]
-        local = nc > 0
         out_avals = [a.aval for a in call.outvars]
-        arg_avals = [v.aval for v in call.invars[nc:]]
+        arg_avals = [v.aval for v in call.invars]
         n_out = len(out_avals)
-        name, wanted = self._custom_function(call, "custom_vjp", nc, local)
+        name, wanted = self._custom_function(call, "custom_vjp")
         sz = ", symbolic_zeros=True" if symbolic else ""
         if not complete:
             fwd_name, bwd_name = em.namer.fresh(f"{name}_fwd"), em.namer.fresh(f"{name}_bwd")
-            self._raising(fwd_name, ["*primals"], "custom_vjp", wanted, local)
-            self._raising(bwd_name, ["residuals", "cts"], "custom_vjp", wanted, local)
-            self._after(f"{name}.defvjp({fwd_name}, {bwd_name}{sz})", local)
-            return Call(name, list(self.ins[nc:]), hint=wanted)
+            self._raising(fwd_name, ["*primals"], "custom_vjp", wanted)
+            self._raising(bwd_name, ["residuals", "cts"], "custom_vjp", wanted)
+            self._after(f"{name}.defvjp({fwd_name}, {bwd_name}{sz})")
+            return Call(name, list(self.ins), hint=wanted)
         fwd, bwd = p["fwd_jaxpr"], p["bwd_jaxpr"]
 
         fwd_name = em.namer.fresh(f"{name}_fwd")
-        self._close_over(fwd.invars[:nc], eqn.inputs[:nc])
-        fwd_params = em.name_binders(fwd.invars[nc:], self._arg_hints(nc))
+        fwd_params = em.name_binders(fwd.invars, self._arg_hints(0))
         prologue: list[str] = []
         if symbolic:  # fwd then receives CustomVJPPrimal wrappers
             wrapped = [em.namer.fresh(f"{n}_primal") for n in fwd_params]
             prologue = [f"{n} = {w}.value" for n, w in zip(fwd_params, wrapped)]
             fwd_params = wrapped
         self._define(fwd, fwd_name, fwd_params, prologue,
-                     lambda outs: f"{flat_return(outs[:n_out])}, {tuple_src(outs[n_out:])}",
-                     local)
+                     lambda outs: f"{flat_return(outs[:n_out])}, {tuple_src(outs[n_out:])}")
 
         bwd_name = em.namer.fresh(f"{name}_bwd")
-        self._close_over(bwd.invars[:nc], eqn.inputs[:nc])
         prologue = []
-        res = self._group_binders(bwd.invars[nc:nc + num_res], "residuals", prologue)
-        cts = iter(bwd.invars[nc + num_res:])
+        res = self._group_binders(bwd.invars[:num_res], "residuals", prologue)
+        cts = iter(bwd.invars[num_res:])
         ct_names = [em.name_binders([next(cts)], ["ct"])[0] if inexact(a) else "_"
                     for a in out_avals]
         if n_out == 1 and ct_names[0] != "_":
@@ -192,32 +188,29 @@ class CustomRulesMixin:
         def bwd_returns(outs):
             it = iter(outs)
             return tuple_src([next(it) if inexact(a) else "None" for a in arg_avals])
-        self._define(bwd, bwd_name, [res, g], prologue, bwd_returns, local)
-        self._after(f"{name}.defvjp({fwd_name}, {bwd_name}{sz})", local)
-        return Call(name, list(self.ins[nc:]), hint=wanted)
+        self._define(bwd, bwd_name, [res, g], prologue, bwd_returns)
+        self._after(f"{name}.defvjp({fwd_name}, {bwd_name}{sz})")
+        return Call(name, list(self.ins), hint=wanted)
 
     def _custom_jvp(self, eqn: Equation) -> Call:
         complete = self._require_rules(["call_jaxpr", "jvp_jaxpr"])
         em, p = self.emitter, eqn.params
-        nc = p.get("num_consts", 0)
         symbolic = bool(p.get("symbolic_zeros"))
         call = p["call_jaxpr"]
-        local = nc > 0
         out_avals = [a.aval for a in call.outvars]
-        arg_avals = [v.aval for v in call.invars[nc:]]
+        arg_avals = [v.aval for v in call.invars]
         n_in, n_out = len(arg_avals), len(out_avals)
-        name, wanted = self._custom_function(call, "custom_jvp", nc, local)
+        name, wanted = self._custom_function(call, "custom_jvp")
         sz = ", symbolic_zeros=True" if symbolic else ""
         rule_name = em.namer.fresh(f"{name}_jvp")
         if not complete:
-            self._raising(rule_name, ["primals", "tangents"], "custom_jvp", wanted, local)
-            self._after(f"{name}.defjvp({rule_name}{sz})", local)
-            return Call(name, list(self.ins[nc:]), hint=wanted)
+            self._raising(rule_name, ["primals", "tangents"], "custom_jvp", wanted)
+            self._after(f"{name}.defjvp({rule_name}{sz})")
+            return Call(name, list(self.ins), hint=wanted)
         jvp = p["jvp_jaxpr"]
-        self._close_over(jvp.invars[:nc], eqn.inputs[:nc])
         prologue: list[str] = []
-        primals = self._group_binders(jvp.invars[nc:nc + n_in], "primals", prologue)
-        tangent_vars = iter(jvp.invars[nc + n_in:])
+        primals = self._group_binders(jvp.invars[:n_in], "primals", prologue)
+        tangent_vars = iter(jvp.invars[n_in:])
         t_names = [em.name_binders([next(tangent_vars)], ["tangent"])[0] if inexact(a) else "_"
                    for a in arg_avals]
         tangents = em.namer.fresh("tangents")
@@ -231,9 +224,63 @@ class CustomRulesMixin:
             t_out = [next(it) if inexact(a) else
                      f"np.zeros({tuple(a.shape)!r}, dtype=jax.dtypes.float0)" for a in out_avals]
             return f"{flat_return(outs[:n_out])}, {flat_return(t_out)}"
-        self._define(jvp, rule_name, [primals, tangents], prologue, returns, local)
-        self._after(f"{name}.defjvp({rule_name}{sz})", local)
-        return Call(name, list(self.ins[nc:]), hint=wanted)
+        self._define(jvp, rule_name, [primals, tangents], prologue, returns)
+        self._after(f"{name}.defjvp({rule_name}{sz})")
+        return Call(name, list(self.ins), hint=wanted)
+
+    # -- rules with closed-over values ---------------------------------------
+    def _custom_with_consts(self, eqn: Equation, build: str) -> Call:
+        """``name(*c, *x)`` for a rule closing over ``c`` (its first ``num_consts``
+        operands); equal rules share one function."""
+        em = self.emitter
+        key = em.rule_key(eqn)
+        if key not in em.custom_functions:
+            self.rule_key = key
+            kind = "custom_vjp" if build == "_custom_vjp" else "custom_jvp"
+            self._rule_with_consts(eqn, kind)
+        name, wanted = em.custom_functions[key]
+        return Call(name, list(self.ins), multiple=True, hint=wanted)
+
+    def _rule_with_consts(self, eqn: Equation, kind: str) -> None:
+        em, p = self.emitter, eqn.params
+        regions = ["call_jaxpr"] + list(self._RULE_REGION_NAMES[kind])
+        complete = self._require_rules(regions)
+        nc = p["num_consts"]
+        call = p["call_jaxpr"]
+        name, wanted = self._rule_name(call, kind)
+        hints = self._arg_hints(0)
+        as_list = lambda outs: "[" + ", ".join(outs) + "]"  # noqa: E731
+        self._define(call, name, em.name_binders(call.invars, hints), [], as_list)
+        if name != wanted:
+            self._after(f"{name}.__name__ = {wanted!r}")
+        rule_fns = []
+        for region_name in self._RULE_REGION_NAMES[kind]:
+            fn_name = em.namer.fresh(f"{name}_{region_name.split('_')[0]}")
+            rule_fns.append(fn_name)
+            if not complete:
+                self._raising(fn_name, ["*operands"], kind, wanted)
+                continue
+            region = p[region_name]
+            # fwd/jvp take (c, x, ...) and bwd takes (c, r, ct): name what matches.
+            named = hints[:nc] if region_name == "bwd_jaxpr" else hints
+            binder_hints = named + [None] * (len(region.invars) - len(named))
+            self._define(region, fn_name, em.name_binders(region.invars, binder_hints), [],
+                         tuple_src)
+        outs = tuple_src([f"({tuple(a.aval.shape)!r}, {self.dtype(a.aval.dtype)})"
+                          for a in call.outvars])
+        args_inexact = tuple(bool(inexact(v.aval)) for v in call.invars[nc:])
+        rule = {f: p[f] for f in ("name", "source", "const_names", "closed_over",
+                                  "max_forward_size", "reverse_ok")}
+        helper = f"_{kind}_with_consts"
+        em.use_helper(helper)
+        build = Call(helper, [name] + rule_fns,
+                     [("num_consts", str(nc)), ("outs", outs),
+                      ("args_inexact", tuple_src([repr(b) for b in args_inexact])),
+                      ("rule", repr(rule))])
+        self._after(render_call(build, name, 0))
+
+    _RULE_REGION_NAMES = {"custom_vjp": ("fwd_jaxpr", "bwd_jaxpr"),
+                          "custom_jvp": ("jvp_jaxpr",)}
 
     def linear_call(self, eqn: Equation) -> Call:
         complete = self._require_rules(["callee", "transpose_jaxpr"])
@@ -248,10 +295,10 @@ class CustomRulesMixin:
         prologue: list[str] = []
         res = self._group_binders(callee.invars[:num_res], "residuals", prologue)
         lin = self._group_binders(callee.invars[num_res:], "linear", prologue)
-        self._define(callee, base, [res, lin], prologue, flat_return, False)
+        self._define(callee, base, [res, lin], prologue, flat_return)
         t_name = em.namer.fresh(f"{base}_transpose")
         if not complete:
-            self._raising(t_name, ["residuals", "cts"], "linear_call transpose", base, False)
+            self._raising(t_name, ["residuals", "cts"], "linear_call transpose", base)
             return Call("jax.custom_derivatives.linear_call",
                         [base, t_name, tuple_src(self.ins[:num_res]),
                          tuple_src(self.ins[num_res:])])
@@ -262,7 +309,7 @@ class CustomRulesMixin:
             ct = em.name_binders(cts, ["ct"])[0]
         else:
             ct = self._group_binders(cts, "cts", prologue)
-        self._define(transpose, t_name, [t_res, ct], prologue, tuple_src, False)
+        self._define(transpose, t_name, [t_res, ct], prologue, tuple_src)
         return Call("jax.custom_derivatives.linear_call",
                     [base, t_name, tuple_src(self.ins[:num_res]), tuple_src(self.ins[num_res:])])
 
@@ -273,6 +320,62 @@ class CustomRulesMixin:
         if names:
             prologue.append(f"{tuple_src(names)} = {pname}")
         return pname
+
+    # -- linear solves -------------------------------------------------------
+    def custom_linear_solve(self, eqn: Equation) -> Call:
+        """``lax.custom_linear_solve(matvec, (b,...), solve, transpose_solve)``: each
+        stored jaxpr becomes a local function closing over its leading operands
+        (custom_linear_solve closure-converts them again, as the original did); ``b``
+        is passed as a tuple of its leaves, so every function takes and returns one."""
+        from ..frontend.from_jaxpr import region_from_closed_jaxpr
+        p = eqn.params
+        lengths, jaxprs = p.get("const_lengths"), p.get("jaxprs")
+        if set(p) != {"const_lengths", "jaxprs"} or jaxprs.matvec is None or jaxprs.solve is None:
+            raise PythonEmitError(f"{self._where()}: parameters {sorted(p)} have no source form")
+        starts, k = {}, 0
+        for field in lengths._fields:
+            starts[field] = k
+            k += getattr(lengths, field)
+        consts = {f: self.eqn.inputs[starts[f]:starts[f] + getattr(lengths, f)]
+                  for f in lengths._fields}
+        b = list(self.ins[k:])
+        if len(eqn.outputs) != len(b):
+            raise PythonEmitError(f"{self._where()}: a solve with auxiliary outputs has no "
+                                  f"source form")
+
+        def same(f, g):
+            return (getattr(jaxprs, f) is not None and getattr(jaxprs, g) is not None
+                    and str(getattr(jaxprs, f)) == str(getattr(jaxprs, g))
+                    and list(consts[f]) == list(consts[g]))
+        symmetric = same("vecmat", "matvec") and same("transpose_solve", "solve")
+        em = self.emitter
+
+        def function(field: str, takes_operator: bool) -> str:
+            region = region_from_closed_jaxpr(getattr(jaxprs, field))
+            n = len(consts[field])
+            for v, outer in zip(region.invars[:n], consts[field]):
+                em.env[v] = em.closed_over(outer, self.fn)
+            x = em.namer.fresh("x")
+            names = em.name_binders(region.invars[n:], [None] * (len(region.invars) - n))
+            params = ([em.namer.fresh("operator")] if takes_operator else []) + [x]
+            fdef = em.function(region, em.namer.fresh(field), params,
+                               [f"{tuple_src(names)} = {x}"], self.fn.depth + 1,
+                               returns=tuple_src)
+            self.fn.body.append(fdef)
+            return fdef.name.value
+
+        matvec = function("matvec", False)
+        solve = function("solve", True)
+        kwargs = []
+        if symmetric:
+            kwargs.append(("symmetric", "True"))
+            transpose_solve = solve
+        elif jaxprs.transpose_solve is not None:
+            transpose_solve = function("transpose_solve", True)
+        else:
+            transpose_solve = "None"
+        return Call("lax.custom_linear_solve", [matvec, tuple_src(b), solve, transpose_solve],
+                    kwargs, multiple=True)
 
     # -- callbacks and policies --------------------------------------------
     def debug_callback(self, eqn: Equation) -> Call | None:

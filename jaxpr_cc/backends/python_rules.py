@@ -257,8 +257,39 @@ def _random_fold_in(ctx, eqn):
 def _random_wrap(ctx, eqn):
     if set(eqn.params) != {"impl"}:
         return None
+    # A PRNG implementation goes by its registered name (``str(impl)`` is its short
+    # tag, e.g. 'fry', which jax.random does not accept).
     return Call("jax.random.wrap_key_data", [ctx.ins[0]],
-                [("impl", repr(str(eqn.params["impl"])))])
+                [("impl", repr(eqn.params["impl"].name))])
+
+
+@rule("random_seed")
+def _random_seed(ctx, eqn):
+    seed = eqn.inputs[0].aval
+    # jax.random.key stages random_seed alone only for a scalar int32 seed.
+    if set(eqn.params) != {"impl"} or seed.shape != () or seed.dtype != np.int32:
+        return None
+    return Call("jax.random.key", [ctx.ins[0]], [("impl", repr(eqn.params["impl"].name))])
+
+
+@rule("device_put")
+def _device_put(ctx, eqn):
+    p = eqn.params
+    if set(p) != {"devices", "srcs", "copy_semantics"} or any(
+            d is not None for d in (*p["devices"], *p["srcs"])):
+        return None
+    kinds = {c.name for c in p["copy_semantics"]}
+    if len(kinds) != 1:
+        return None
+    # jax.device_put's flags for each copy semantics: REUSE_INPUT is the default.
+    flags = {"REUSE_INPUT": [], "ALWAYS_COPY": [("may_alias", "False")],
+             "DONATE_INPUT": [("donate", "True")]}.get(kinds.pop())
+    if flags is None:
+        return None
+    ins = list(ctx.ins)
+    if len(ins) == 1:
+        return Call("jax.device_put", ins, flags)
+    return Call("jax.device_put", ["(" + ", ".join(ins) + ")"], flags, multiple=True)
 
 
 @rule("random_unwrap")
@@ -338,6 +369,10 @@ def _cond_folds(eqn) -> list:
         return []
     if [c for c, _ in region.users(index)] != [eqn]:
         return []
+    if producer.prim.name == "platform_index":
+        # lax.platform_dependent stages platform_index then this cond.
+        same = producer.params.get("platforms") == eqn.params.get("branches_platforms")
+        return [producer] if same and set(producer.params) == {"platforms"} else []
     n = len(eqn.params["branches"])
     if (n == 2 and producer.prim.name == "convert_element_type"
             and np.dtype(producer.inputs[0].aval.dtype) == np.bool_
@@ -358,11 +393,20 @@ FOLDS["cond"] = _cond_folds
 
 @rule("cond")
 def _cond(ctx, eqn):
-    if set(eqn.params) != {"branches"}:
-        return None
     branches = eqn.params["branches"]
     operands = ctx.ins[1:]
     folded = ctx.folded
+    if set(eqn.params) == {"branches", "branches_platforms"}:
+        if not (folded and folded[0].prim.name == "platform_index"):
+            return None
+        kwargs = []
+        for i, (branch, platforms) in enumerate(zip(branches, eqn.params["branches_platforms"])):
+            name = ctx.explicit_function(branch, f"branch_{i}")
+            kwargs += [(p, name) for p in platforms] if platforms is not None \
+                else [("default", name)]
+        return Call("lax.platform_dependent", list(operands), kwargs)
+    if set(eqn.params) != {"branches"}:
+        return None
     if folded and folded[0].prim.name == "convert_element_type":
         names = [ctx.explicit_function(branches[0], "false_fun"),
                  ctx.explicit_function(branches[1], "true_fun")]
@@ -498,6 +542,11 @@ def _custom_jvp(ctx, eqn):
 @rule("custom_vjp_call", "custom_vjp_call_jaxpr")
 def _custom_vjp(ctx, eqn):
     return ctx.custom_vjp(eqn)
+
+
+@rule("custom_linear_solve")
+def _custom_linear_solve(ctx, eqn):
+    return ctx.custom_linear_solve(eqn)
 
 
 @rule("linear_call")

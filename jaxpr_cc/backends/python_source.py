@@ -42,7 +42,7 @@ from .python_custom import CustomRulesMixin
 from .python_spelling import (SpellingError, array_literal_source, dtype_source,
                               literal_source, param_source, restore_expression,
                               sidecar_array)
-from .python_text import (HELPER_IMPORTS, HELPERS, Function, PythonEmitError, flat_return,
+from .python_text import (HELPER_DEPS, HELPER_IMPORTS, HELPERS, Function, PythonEmitError, flat_return,
                           layout, render_call, stmt, tuple_src)
 
 __all__ = ["INLINE_LIMIT", "PythonEmitError", "PythonModule", "emit_python",
@@ -440,10 +440,19 @@ class _ModuleEmitter:
         return Call("_bind", [repr(eqn.prim.name)] + list(ctx.ins), kwargs,
                     multiple=bool(eqn.prim.multiple_results), comment=NO_SPELLING)
 
+    def use_helper(self, name: str) -> None:
+        """Define helper ``name`` (and the helpers it calls) in the module."""
+        for dep in (name, *HELPER_DEPS.get(name, ())):
+            self.helpers.add(dep)
+            self.imports.update(HELPER_IMPORTS[dep])
+
     def param(self, value: Any, *, dtype_objects: bool = False) -> str:
         src = param_source(value, dtype_objects=dtype_objects)
-        if "_mesh(" in src:
-            self.helpers.add("_mesh")
+        for call, helper in (("_mesh(", "_mesh"), ("_prng_impl(", "_prng_impl"),
+                             ("_copy_semantics(", "_copy_semantics"), ("_primitive(", "_bind"),
+                             ("_import_callable(", "_import_callable")):
+            if call in src:
+                self.use_helper(helper)
         if "P(" in src:
             self.uses_partition_spec = True
         return src

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import jax
+import jax.extend.core
 from jax import lax
 
 from ..ir.arrays import to_numpy
@@ -199,6 +200,12 @@ def param_source(value: Any, *, dtype_objects: bool = False) -> str:
     if isinstance(value, (frozenset, set)):
         items = sorted((rec(v) for v in value))
         return "frozenset({" + ", ".join(items) + "})" if items else "frozenset()"
+    from ..jax_adapter import linear_solve_tuple_type, prng_impl_by_name, prng_impl_type
+    if isinstance(value, prng_impl_type()):
+        if prng_impl_by_name(value.name) is not value:
+            raise SpellingError(f"PRNG implementation {value.name!r} is not registered with JAX "
+                                f"under that name")
+        return f"_prng_impl({value.name!r})"
     if isinstance(value, tuple):
         if hasattr(value, "_fields"):
             raise SpellingError(f"named tuple {type(value).__qualname__} has no spelling")
@@ -210,16 +217,39 @@ def param_source(value: Any, *, dtype_objects: bool = False) -> str:
         return "{" + ", ".join(f"{rec(k)}: {rec(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (np.ndarray, jax.Array)):
         return array_literal_source(value)
+    if isinstance(value, jax.lax.RaggedDotDimensionNumbers):
+        return (f"lax.RaggedDotDimensionNumbers(dot_dimension_numbers="
+                f"{rec(value.dot_dimension_numbers)}, lhs_ragged_dimensions="
+                f"{rec(value.lhs_ragged_dimensions)}, rhs_group_dimensions="
+                f"{rec(value.rhs_group_dimensions)})")
+    if isinstance(value, jax.lax.Tolerance):
+        return (f"lax.Tolerance(atol={rec(value.atol)}, rtol={rec(value.rtol)}, "
+                f"ulps={rec(value.ulps)})")
+    if isinstance(value, jax.extend.core.Primitive):
+        return f"_primitive({value.name!r})"
+    if isinstance(value, linear_solve_tuple_type()):
+        return "(" + ", ".join(rec(v) for v in value) + ")"
     raise SpellingError(f"value of type {type(value).__module__}.{type(value).__qualname__} "
                         f"has no Python source spelling")
 
 
 def _enum_source(value: enum.Enum) -> str:
-    name = type(value).__name__
-    if name in _LAX_ENUMS and getattr(lax, name, None) is type(value):
-        return f"lax.{name}.{value.name}"
-    if name == "AxisType" and jax.sharding.AxisType is type(value):
-        return f"jax.sharding.AxisType.{value.name}"
+    """``lax.Precision.HIGHEST``: the public class when JAX exports it; else the class
+    imported by module and name (``_import_callable``) for the parameter enums JAX
+    keeps private."""
+    cls = type(value)
+    name = cls.__name__
+    import jax.lax.linalg
+    public = (("lax", lax), ("jax.lax.linalg", jax.lax.linalg), ("jax.sharding", jax.sharding),
+              ("jax.memory", getattr(jax, "memory", None)))
+    for prefix, module in public:
+        if module is not None and getattr(module, name, None) is cls:
+            return f"{prefix}.{name}.{value.name}"
+    from ..jax_adapter import array_copy_semantics_type, param_enum_types
+    if cls is array_copy_semantics_type():
+        return f"_copy_semantics({value.name!r})"
+    if cls in param_enum_types():
+        return f"_import_callable({cls.__module__!r}, {cls.__qualname__!r}, None).{value.name}"
     raise SpellingError(f"enum {type(value).__module__}.{type(value).__qualname__} has no spelling")
 
 

@@ -134,3 +134,203 @@ def layout(groups: list[tuple[str, list[cst.BaseStatement]]]) -> str:
             out.append(text)
             prev_compound = compound
     return "".join(out) + "\n"
+
+
+# Rules with closed-over operands (``num_consts`` > 0).  The emitted custom function
+# takes those operands as leading explicit arguments, the way jax.closure_convert
+# passes them, and its derivative with respect to them follows the rule's recorded
+# ``closed_over`` policy exactly as jaxpr_cc.closure.rules.build_custom_vjp /
+# build_custom_jvp do for the Program, so both are differentiable alike.
+HELPERS["_closed_over"] = '''
+class ClosedOverError(ValueError):
+    """A custom rule's closed-over operand is differentiated and its policy forbids it."""
+
+
+def _closed_over_mode(rule, kind, hot, consts):
+    """How to differentiate w.r.t. the perturbed closed-over operands ``hot``:
+    'none', 'reverse' or 'forward' (the policy the program was traced with)."""
+    if not hot:
+        return "none"
+    mode = rule["closed_over"]
+    size = sum(int(np.prod(jnp.shape(consts[i]))) for i in hot)
+    if mode == "auto":
+        if kind == "jvp":
+            mode = "forward"
+        elif rule["reverse_ok"]:
+            mode = "reverse"
+        elif size <= rule["max_forward_size"]:
+            mode = "forward"
+        else:
+            mode = "error"
+    names, first = rule["const_names"], hot[0]
+    what = (f"'{names[first] if first < len(names) else f'const{first}'}' "
+            f"({jax.typeof(consts[first]).str_short(short_dtypes=True)})")
+    if mode == "forward" and kind == "vjp" and size > rule["max_forward_size"]:
+        raise ClosedOverError(
+            f"{kind} rule '{rule['name']}' ({rule['source']}) closes over {what}, which is being "
+            f"differentiated; forward mode would need {size} jvp columns > "
+            f"max_forward_size={rule['max_forward_size']}: raise max_forward_size or use "
+            f"closed_over='reverse'")
+    if mode == "error":
+        raise ClosedOverError(
+            f"custom_{kind} rule '{rule['name']}' ({rule['source']}) closes over {what}, which is "
+            f"being differentiated, and its rule gives no derivative for it: pass it as an "
+            f"argument, or trace with closed_over='auto' (or 'reverse' / 'forward')")
+    return mode
+
+
+def _zeros(shape, dtype):
+    """Zeros of an output's cotangent type (float0 for integer and boolean outputs)."""
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        return np.zeros(shape, jax.dtypes.float0)
+    return jnp.zeros(shape, dtype)
+'''
+
+HELPERS["_custom_vjp_with_consts"] = '''
+@jax.tree_util.register_pytree_node_class
+class _Saved:
+    """Residuals of a rule with closed-over operands: the operands, the rule's own
+    residuals, the primal arguments (kept only when the operands are differentiated)
+    and, as static data, how to differentiate w.r.t. the operands."""
+
+    def __init__(self, how, consts, res, args):
+        self.how, self.consts, self.res, self.args = how, consts, res, args
+
+    def tree_flatten(self):
+        return (self.consts, self.res, self.args), self.how
+
+    @classmethod
+    def tree_unflatten(cls, how, children):
+        return cls(how, *children)
+
+
+def _forward_const_cotangents(primal, consts, args, hot, cts, outs):
+    """Cotangents of the perturbed closed-over operands by forward mode: one jvp per
+    element (vmapped), contracted with the output cotangents (works through
+    while_loop, where reverse mode does not)."""
+    hot_vals = [consts[i] for i in hot]
+    sizes = [int(np.prod(jnp.shape(v))) for v in hot_vals]
+
+    def f(*values):
+        full = list(consts)
+        for i, v in zip(hot, values):
+            full[i] = v
+        return primal(*full, *args)
+
+    def column(e):
+        tangents, off = [], 0
+        for v, s in zip(hot_vals, sizes):
+            tangents.append(e[off:off + s].reshape(jnp.shape(v)).astype(jnp.result_type(v)))
+            off += s
+        _, t_out = jax.jvp(f, tuple(hot_vals), tuple(tangents))
+        total = jnp.zeros((), jnp.float32)
+        for t, ct, (_, dtype) in zip(t_out, cts, outs):
+            if jnp.issubdtype(dtype, jnp.inexact):
+                total = total + jnp.sum(jnp.real(t * jnp.conj(ct)) if jnp.iscomplexobj(t)
+                                        else t * ct).astype(jnp.float32)
+        return total
+
+    flat = jax.vmap(column)(jnp.eye(sum(sizes), dtype=jnp.float32))
+    got, off = [], 0
+    for v, s in zip(hot_vals, sizes):
+        got.append(flat[off:off + s].reshape(jnp.shape(v)).astype(jnp.result_type(v)))
+        off += s
+    return got
+
+
+def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact, rule):
+    """``jax.custom_vjp(primal)`` for a rule whose first ``num_consts`` arguments are
+    closed-over operands.  ``fwd(*c, *x)`` returns the outputs then the residuals;
+    ``bwd(*c, *r, *ct_y)`` the cotangents of the inexact arguments; ``outs`` holds
+    each output's (shape, dtype)."""
+    fun = jax.custom_vjp(primal)
+
+    def fwd_with_consts(*primals):
+        values = [p.value for p in primals]
+        hot = tuple(i for i, p in enumerate(primals[:num_consts]) if p.perturbed)
+        mode = _closed_over_mode(rule, "vjp", hot, values[:num_consts])
+        outs_res = fwd(*values)
+        keep = tuple(values[num_consts:]) if mode != "none" else ()
+        return (list(outs_res[:len(outs)]),
+                _Saved((mode, hot), tuple(values[:num_consts]), tuple(outs_res[len(outs):]), keep))
+
+    def bwd_with_consts(saved, cts):
+        mode, hot = saved.how
+        cts = [_dense(c) if jnp.issubdtype(dtype, jnp.inexact) else None
+               for c, (_, dtype) in zip(cts, outs)]
+        got = iter(bwd(*saved.consts, *saved.res, *[c for c in cts if c is not None]))
+        arg_cts = [next(got) if inexact else None for inexact in args_inexact]
+        const_cts = [None] * num_consts
+        if mode == "reverse":
+            _, pullback = jax.vjp(lambda *c: primal(*c, *saved.args), *saved.consts)
+            full = pullback([c if c is not None else _zeros(shape, dtype)
+                             for c, (shape, dtype) in zip(cts, outs)])
+            for i in hot:
+                const_cts[i] = full[i]
+        elif mode == "forward":
+            got = _forward_const_cotangents(primal, list(saved.consts), list(saved.args), hot,
+                                            [c if c is not None else 0 for c in cts], outs)
+            for i, v in zip(hot, got):
+                const_cts[i] = v
+        return tuple(const_cts + arg_cts)
+
+    fun.defvjp(fwd_with_consts, bwd_with_consts, symbolic_zeros=True)
+    return fun
+'''
+
+HELPERS["_custom_jvp_with_consts"] = '''
+def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule):
+    """``jax.custom_jvp(primal)`` for a rule whose first ``num_consts`` arguments are
+    closed-over operands.  ``jvp(*c, *x, *t_x)`` returns the outputs then the tangents
+    of the inexact outputs (tangents exist for inexact arguments only); ``outs``
+    holds each output's (shape, dtype)."""
+    fun = jax.custom_jvp(primal)
+
+    def jvp_with_consts(primals, tangents):
+        consts, args = list(primals[:num_consts]), list(primals[num_consts:])
+        t_consts, t_args = tangents[:num_consts], tangents[num_consts:]
+        hot = tuple(i for i, t in enumerate(t_consts)
+                    if type(t) is not jax.custom_derivatives.SymbolicZero)
+        mode = _closed_over_mode(rule, "jvp", hot, consts)
+        dense = [_dense(t) for t, inexact in zip(t_args, args_inexact) if inexact]
+        res = jvp(*consts, *args, *dense)
+        it = iter(res[len(outs):])
+        t_outs = [next(it) if jnp.issubdtype(dtype, jnp.inexact) else _zeros(shape, dtype)
+                  for shape, dtype in outs]
+        if mode != "none":
+            def f(*values):
+                full = list(consts)
+                for i, v in zip(hot, values):
+                    full[i] = v
+                return primal(*full, *args)
+            _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
+                               tuple(t_consts[i] for i in hot))
+            t_outs = [t + e if jnp.issubdtype(dtype, jnp.inexact) else t
+                      for t, e, (_, dtype) in zip(t_outs, extra, outs)]
+        return list(res[:len(outs)]), t_outs
+
+    fun.defjvp(jvp_with_consts, symbolic_zeros=True)
+    return fun
+'''
+HELPERS["_prng_impl"] = '''
+def _prng_impl(name):
+    """The PRNG implementation JAX registers as ``name`` (a random_seed/random_wrap
+    parameter), read from the equation jax.random.key stages for it."""
+    return jax.make_jaxpr(lambda: jax.random.key(0, impl=name))().eqns[0].params["impl"]
+'''
+
+HELPERS["_copy_semantics"] = '''
+def _copy_semantics(name):
+    """device_put's copy semantics ``name``, read from the equation jax.device_put
+    stages with the matching flags."""
+    flags = {"REUSE_INPUT": {}, "ALWAYS_COPY": {"may_alias": False},
+             "DONATE_INPUT": {"donate": True}}[name]
+    closed = jax.make_jaxpr(lambda x: jax.device_put(x, **flags))(np.float32(0))
+    return closed.eqns[0].params["copy_semantics"][0]
+'''
+
+HELPER_IMPORTS.update({"_prng_impl": (), "_copy_semantics": (), "_closed_over": (), "_custom_vjp_with_consts": (),
+                       "_custom_jvp_with_consts": ()})
+# Helpers that call other helpers.
+HELPER_DEPS = {"_custom_vjp_with_consts": ("_closed_over", "_dense"),
+               "_custom_jvp_with_consts": ("_closed_over", "_dense")}

@@ -122,6 +122,10 @@ class _Decoder:
         if closed != region.closed:
             raise FormatError(f"region {index} is {'open' if closed else 'closed'}, but is used "
                               f"as a {'closed' if closed else 'open'} jaxpr")
+        # A jaxpr held by a parameter (custom_linear_solve's) is out of reach of the
+        # program's per-equation type check: check its equations here.
+        from .typecheck import check_held_region_types
+        check_held_region_types(region, index)
         return region_to_closed_jaxpr(region) if closed else region_to_jaxpr(region)[0]
 
     def _prim(self, name: Any, where: str):

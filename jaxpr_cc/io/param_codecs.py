@@ -27,7 +27,9 @@ import numpy as np
 from ..ir.region import Region
 from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
                            ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
-                           UNSPECIFIED, dots_saveable_type, param_enum_types)
+                           UNSPECIFIED, array_copy_semantics_type, dots_saveable_type,
+                           linear_solve_tuple_type, param_enum_types, prng_impl_by_name,
+                           prng_impl_type)
 from . import dtypes, effects, primitives, pytrees, shardings
 from .errors import FormatError, SaveError
 
@@ -55,7 +57,8 @@ def register(types_: tuple[type, ...] | type, tag: str, encode, decode) -> None:
     _resolve.cache_clear()
 
 
-_ENUMS: dict[str, type] = {cls.__name__: cls for cls in param_enum_types()}
+_ENUMS: dict[str, type] = {cls.__name__: cls
+                           for cls in (*param_enum_types(), array_copy_semantics_type())}
 _ENUM_NAMES = {cls: name for name, cls in _ENUMS.items()}
 
 
@@ -392,6 +395,23 @@ def _dec_function(v, dec):
     raise FormatError(f"unknown checkpoint policy {str(v)[:40]!r}")
 
 
+def _enc_prng_impl(value, enc):
+    # A PRNG implementation is saved by its registered name (``threefry2x32``,
+    # ``rbg``...), the name jax.random.key(..., impl=name) takes.
+    if prng_impl_by_name(value.name) is not value:
+        raise SaveError(f"cannot save {enc.where}: PRNG implementation {value.name!r} is not "
+                        f"registered with JAX under that name (register it with "
+                        f"jax.extend.random.define_prng_impl before saving)")
+    return value.name
+
+
+def _dec_prng_impl(v, dec):
+    impl = prng_impl_by_name(v) if type(v) is str else None
+    if impl is None:
+        raise FormatError(f"unknown PRNG implementation {str(v)[:40]!r}")
+    return impl
+
+
 def _singleton(obj):
     def decode(v, dec):
         if v is not None:
@@ -429,6 +449,9 @@ def _build_table() -> None:
              *_record(jax.lax.RaggedDotDimensionNumbers,
                       ("dot_dimension_numbers", "lhs_ragged_dimensions", "rhs_group_dimensions"),
                       positional=False))
+    solve = linear_solve_tuple_type()
+    register(solve, "LinearSolveTuple", *_record(solve, tuple(solve._fields), positional=True))
+    register(prng_impl_type(), "prng_impl", _enc_prng_impl, _dec_prng_impl)
     register(jax.lax.Tolerance, "Tolerance",
              *_record(jax.lax.Tolerance, ("atol", "rtol", "ulps"), positional=False))
     dots = dots_saveable_type()

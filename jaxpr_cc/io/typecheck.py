@@ -89,3 +89,16 @@ def check_program_types(program) -> None:
                               f"{type(e).__name__}: {e}") from None
         if key is not None:
             seen.add(key)
+
+
+def check_held_region_types(region, index) -> None:
+    """Raise FormatError when an equation of ``region`` or of a region nested in it is
+    ill-typed: for regions that reach JAX only as a jaxpr parameter
+    (custom_linear_solve's), whose own checks do not look inside nested jaxprs."""
+    for _, eqn in region.walk():
+        try:
+            check_jaxpr(_one_equation_jaxpr(eqn))
+        except Exception as e:  # JaxprTypeError, or a rule rejecting its operands
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise FormatError(f"region {index} (a jaxpr parameter): equation {eqn.prim.name} "
+                              f"is ill-typed: {first}") from None
