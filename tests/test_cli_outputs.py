@@ -571,9 +571,9 @@ def test_a_replaced_file_keeps_its_owner_and_setuid_as_root(tmp_path):
 def test_setuid_is_dropped_when_the_owner_cannot_be_kept(tmp_path, monkeypatch):
     target = tmp_path / "prog"
     target.write_bytes(b"old")
-    os.chmod(target, 0o6755 if os.geteuid() == 0 else 0o2755)
     if os.geteuid() == 0:  # (an unprivileged user's own file keeps its owner)
         os.chown(target, 1234, 1234)
+    os.chmod(target, 0o6755 if os.geteuid() == 0 else 0o2755)  # after chown, which clears it
     real_chown = os.chown
 
     def refused(*args, **kwargs):
