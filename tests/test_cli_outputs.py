@@ -469,3 +469,164 @@ def test_help_tells_the_truth(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert needle in " ".join(capsys.readouterr().out.split()), command
+
+
+# ------------------------------------------------- adversarial findings (issue 18)
+def _cli(argv, **kwargs):
+    """The command line in a child process (stdout and stderr as bytes)."""
+    return subprocess.run([sys.executable, "-m", "jaxpr_cc.cli.main", *map(str, argv)],
+                          capture_output=True, timeout=300, **kwargs)
+
+
+def test_user_prints_do_not_corrupt_stdout_results(tmp_path):
+    (tmp_path / "pr.py").write_text(textwrap.dedent("""
+        import os, sys
+        import jax
+        print("at import")
+        os.write(1, b"fd one at import\\n")
+
+        def f(x):
+            print("while tracing")
+            sys.__stdout__.write("the original stdout\\n")
+            sys.__stdout__.flush()
+            jax.debug.print("debug {}", x)
+            return x * 2.0
+    """))
+    proc = _cli(["trace", f"{tmp_path / 'pr.py'}:f", "--args", "f32[3]", "-o", "-"])
+    assert proc.returncode == 0, proc.stderr.decode()
+    program = loads(proc.stdout)  # nothing but the saved program
+    np.testing.assert_allclose(program(X[:3]), 2.0 * X[:3])
+    err = proc.stderr.decode()
+    for line in ("at import", "fd one at import", "while tracing", "the original stdout"):
+        assert line in err, line
+    # the same for every subcommand that prints its result to stdout
+    proc = _cli(["show", f"{tmp_path / 'pr.py'}:f", "--args", "f32[3]"])
+    assert proc.returncode == 0 and "func @f" in proc.stdout.decode(), proc.stderr
+    assert "at import" not in proc.stdout.decode()
+    assert "while tracing" not in proc.stdout.decode()
+    proc = _cli(["emit", f"{tmp_path / 'pr.py'}:f", "--args", "f32[3]", "--to", "jaxpr"])
+    assert proc.returncode == 0 and "at import" not in proc.stdout.decode()
+    assert "lambda" in proc.stdout.decode()
+
+
+def test_user_prints_in_process_go_to_stderr(tmp_path, capsysbinary):
+    (tmp_path / "pr.py").write_text("def f(x):\n    print('hello')\n    return x\n")
+    assert main(["trace", f"{tmp_path / 'pr.py'}:f", "--args", "f32[3]", "-o", "-"]) == 0
+    captured = capsysbinary.readouterr()
+    assert captured.out.startswith(b"PK") and b"hello" in captured.err
+    assert sys.stdout is not sys.stderr  # restored
+
+
+@pytest.mark.parametrize("command", ["trace", "exec"])
+def test_a_trailing_slash_names_a_directory(model, tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    saved = tmp_path / "f.jcc"
+    assert main(["trace", f"{model}:f", "--args", "f32[5]", "-o", str(saved)]) == 0
+    np.savez(tmp_path / "in.npz", arg0=X)
+    argv = {"trace": ["trace", f"{model}:f", "--args", "f32[5]"],
+            "exec": ["exec", str(saved), "--inputs", str(tmp_path / "in.npz")]}[command]
+    capsys.readouterr()
+    assert main(argv + ["-o", "newdir/"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "ending in '/' names a directory" in err
+    assert not (tmp_path / "newdir").exists()
+    (tmp_path / "adir").mkdir()
+    assert main(argv + ["-o", "adir/"]) == 2
+    assert "adir/: is a directory" in capsys.readouterr().err
+    with pytest.raises(SaveError, match="names a directory"):
+        write_bytes(str(tmp_path / "other") + "/", b"x")
+    assert not (tmp_path / "other").exists()
+
+
+def test_output_path_messages(model, tmp_path, capsys):
+    (tmp_path / "p.jcc").write_bytes(b"a file")
+    argv = ["trace", f"{model}:f", "--args", "f32[5]", "-o"]
+    for out, needle in ((str(tmp_path / "p.jcc" / "x.jcc"), f"{tmp_path / 'p.jcc'} is not a directory"),
+                        (str(tmp_path / "p.jcc" / "d" / "x.jcc"),
+                         f"{tmp_path / 'p.jcc'} is not a directory"),
+                        ("", "the output path is empty"),
+                        (str(tmp_path / "no" / "x.jcc"), "does not exist")):
+        assert main(argv + [out]) == 2, out
+        err = capsys.readouterr().err
+        assert needle in err and len(err.splitlines()) == 1, (out, err)
+    with pytest.raises(SaveError, match="is not a directory"):
+        write_bytes(tmp_path / "p.jcc" / "x.jcc", b"x")
+    with pytest.raises(SaveError, match="empty"):
+        write_bytes("", b"x")
+    assert (tmp_path / "p.jcc").read_bytes() == b"a file"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another owner needs root")
+def test_a_replaced_file_keeps_its_owner_and_setuid_as_root(tmp_path):
+    target = tmp_path / "prog"
+    target.write_bytes(b"old")
+    os.chown(target, 1234, 1234)
+    os.chmod(target, 0o4755)
+    write_bytes(target, b"new")
+    st = os.stat(target)
+    assert (st.st_uid, st.st_gid) == (1234, 1234)
+    assert stat.S_IMODE(st.st_mode) == 0o4755 and target.read_bytes() == b"new"
+
+
+def test_setuid_is_dropped_when_the_owner_cannot_be_kept(tmp_path, monkeypatch):
+    target = tmp_path / "prog"
+    target.write_bytes(b"old")
+    if os.geteuid() == 0:  # (an unprivileged user's own file keeps its owner)
+        os.chown(target, 1234, 1234)
+    os.chmod(target, 0o6755 if os.geteuid() == 0 else 0o2755)  # after chown, which clears it
+    real_chown = os.chown
+
+    def refused(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "chown", refused)
+    before = os.stat(target)
+    write_bytes(target, b"new")
+    monkeypatch.setattr(os, "chown", real_chown)
+    st = os.stat(target)
+    assert target.read_bytes() == b"new"
+    if (st.st_uid, st.st_gid) != (before.st_uid, before.st_gid):
+        assert stat.S_IMODE(st.st_mode) & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX) == 0
+        assert stat.S_IMODE(st.st_mode) == 0o755
+    else:  # the same owner (an unprivileged user's own file): the mode is kept
+        assert stat.S_IMODE(st.st_mode) == stat.S_IMODE(before.st_mode)
+
+
+@pytest.mark.parametrize("source, needle", [
+    ("raise SystemExit(3)\n", "importing it called sys.exit(3)"),
+    ("import sys\nsys.exit('bye')\n", "importing it called sys.exit('bye')"),
+    ("import sys\ndef f(x):\n    sys.exit(4)\n", "tracing it called sys.exit(4)"),
+    ("import sys\ndef f(x):\n    return x\ndef example_args():\n    sys.exit()\n",
+     "example_args() called sys.exit()"),
+])
+def test_user_code_exiting_is_an_error_naming_the_file(tmp_path, capsys, source, needle):
+    path = tmp_path / "e.py"
+    path.write_text(source)
+    args = [] if "example_args" in source else ["--args", "f32[3]"]
+    assert main(["trace", f"{path}:f", *args, "-o", str(tmp_path / "t.jcc")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and needle in err and str(path) in err, err
+    assert not (tmp_path / "t.jcc").exists()
+
+
+def test_a_closed_stdout_ends_quietly(tmp_path):
+    saved = tmp_path / "big.jcc"
+    jaxpr_cc.save(jaxpr_cc.trace(lambda x: x * 2.0, np.ones(1_000_000, np.float32)), saved)
+    np.savez(tmp_path / "in.npz", arg0=np.ones(1_000_000, np.float32))
+    proc = subprocess.Popen([sys.executable, "-m", "jaxpr_cc.cli.main", "exec", str(saved),
+                             "--inputs", str(tmp_path / "in.npz"), "-o", "-"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()  # the reader goes away, as `| head -c 10` does
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141 and err == b"", err.decode()
+
+
+def test_a_full_stdout_is_one_line(model, tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([sys.executable, "-m", "jaxpr_cc.cli.main", "trace",
+                               f"{model}:f", "--args", "f32[5]", "-o", "-"],
+                              stdout=full, stderr=subprocess.PIPE, timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "stdout: cannot write" in err

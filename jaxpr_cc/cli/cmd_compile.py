@@ -43,7 +43,7 @@ def run(args) -> int:
     from ..backends import xla
     from ..jit_function import default_pipeline
     from .loading import load_program_arg
-    from .output import STDOUT, check_writable, write_output
+    from .output import STDOUT, check_writable, write_output, write_stdout
 
     if args.output == STDOUT and args.show:
         raise CliError("--show prints to stdout, which -o - already takes for the executable; "
@@ -58,7 +58,7 @@ def run(args) -> int:
     except Exception as e:  # XLA and lowering errors: one line here, --debug has the rest
         raise CliError(f"{args.program}: compiling failed: {type(e).__name__}: {e}") from e
     for kind in args.show:
-        sys.stdout.write(_shown(exe, kind).rstrip("\n") + "\n")
+        write_stdout(_shown(exe, kind).rstrip("\n") + "\n")
     data = _serialized(exe)
     write_output(args.output, data)
     print(f"wrote {'stdout' if args.output == STDOUT else args.output}: {exe.name}, "

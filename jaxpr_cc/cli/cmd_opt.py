@@ -72,10 +72,10 @@ def run(args) -> int:
     from ..passes.manager import PassError, PassManager
     from ..passes.pipeline import PipelineError
     from .loading import load_program_arg
-    from .output import check_writable, write_output
+    from .output import check_writable, write_output, write_stdout
 
     if args.list_passes:
-        sys.stdout.write(list_passes())
+        write_stdout(list_passes())
         return 0
     if args.program is None:
         raise CliError("opt: give a PROGRAM (a saved program or MODULE_OR_FILE:FUNCTION)")
@@ -111,5 +111,5 @@ def run(args) -> int:
             raise CliError(f"{args.output}: cannot save the result: {e}") from e
         write_output(args.output, data)
     else:
-        sys.stdout.write(str(result))
+        write_stdout(str(result))
     return 0

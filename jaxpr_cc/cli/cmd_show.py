@@ -24,19 +24,22 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from .loading import load_program_arg
+    from .output import stdout_is_terminal, write_stdout
     program = load_program_arg(args.program, args.args_spec, args.args_from)
     text = str(program)
-    if use_colour(args.color, sys.stdout):
+    if use_colour(args.color, None, is_terminal=stdout_is_terminal()):
         text = colourize(text)
-    sys.stdout.write(text)
+    write_stdout(text)
     return 0
 
 
-def use_colour(choice: str, stream) -> bool:
+def use_colour(choice: str, stream, is_terminal: bool | None = None) -> bool:
     if choice != "auto":
         return choice == "always"
     if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
+    if is_terminal is not None:
+        return is_terminal
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
 

@@ -119,18 +119,35 @@ def import_function(target: str):
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
+        except SystemExit as e:
+            sys.modules.pop(module_name, None)
+            raise CliError(f"{where}: importing it {exited(e)}") from e
         except Exception as e:
             sys.modules.pop(module_name, None)
             raise CliError(f"{where}: importing failed: {type(e).__name__}: {e}") from e
     else:
         try:
             module = importlib.import_module(where)
+        except SystemExit as e:
+            raise CliError(f"{where}: importing it {exited(e)}") from e
         except ImportError as e:
             raise CliError(f"{where}: cannot import module: {e}") from e
+        except Exception as e:
+            raise CliError(f"{where}: importing failed: {type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:300]}") from e
     fun = getattr(module, name, None)
     if fun is None or not callable(fun):
         raise CliError(f"{where}: has no function {name!r}")
     return fun, module
+
+
+def exited(e: SystemExit) -> str:
+    """How the user's code asked to exit (``sys.exit``/``raise SystemExit``): the
+    command reports it as an error of that code instead of exiting with its status."""
+    code = e.code
+    if code is None or isinstance(code, int):
+        return f"called sys.exit({code if code is not None else ''})"
+    return f"called sys.exit({' '.join(str(code).split())[:200]!r})"
 
 
 def example_arguments(target: str, module, args_spec: str | None, args_from: str | None):
@@ -147,6 +164,8 @@ def example_arguments(target: str, module, args_spec: str | None, args_from: str
             args = make_args()
             make_kwargs = getattr(module, "example_kwargs", None)
             kwargs = make_kwargs() if callable(make_kwargs) else {}
+        except SystemExit as e:
+            raise CliError(f"{target}: example_args() {exited(e)}") from e
         except Exception as e:
             raise CliError(f"{target}: example_args() failed: {type(e).__name__}: {e}") from e
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
@@ -169,6 +188,8 @@ def trace_target(target: str, args_spec: str | None, args_from: str | None = Non
     try:
         with progress(f"tracing {target}"):
             return jaxpr_cc.trace(fun, *args, **kwargs)
+    except SystemExit as e:
+        raise CliError(f"{target}: tracing it {exited(e)}") from e
     except Exception as e:
         raise CliError(f"{target}: tracing failed: {type(e).__name__}: "
                        f"{' '.join(str(e).split())[:600]}") from e

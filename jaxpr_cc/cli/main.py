@@ -2,8 +2,10 @@
 
 Each subcommand lives in its own module exposing ``register(subparsers)``; the
 parser calls the ``run(args)`` function it registered.  Exit codes: 0 success,
-1 a check failed, 2 usage error or bad input.  Errors print one line (argparse's
-usage errors too); ``--debug``, before or after the subcommand, shows the traceback.
+1 a check failed, 2 usage error or bad input, 141 stdout's reader went away (as a
+shell reports for ``cat`` killed by SIGPIPE; nothing is printed).  Errors print one
+line (argparse's usage errors too); ``--debug``, before or after the subcommand,
+shows the traceback.  Stdout carries results only (see :mod:`jaxpr_cc.cli.output`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import traceback
 from .errors import CliError
 
 SUBCOMMANDS = ("demo", "trace", "show", "opt", "emit", "exec", "compile", "golden")
+# The subcommands that may run the user's code: while they run, stdout is reserved
+# for their results (what else is printed goes to stderr).
+RUN_USER_CODE = ("trace", "show", "opt", "emit", "exec", "compile")
 
 
 DEBUG_HELP = "show Python tracebacks for errors"
@@ -69,11 +74,21 @@ def _accept_debug_everywhere(subparsers) -> None:
 
 
 def main(argv=None) -> int:
+    from .output import STDOUT_CLOSED_CODE, StdoutClosed, silence_stdout, \
+        stdout_reserved_for_results
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code = args.run(args)
+        if args.command in RUN_USER_CODE:
+            with stdout_reserved_for_results():
+                code = args.run(args)
+        else:
+            code = args.run(args)
         return int(code or 0)
+    except (StdoutClosed, BrokenPipeError):
+        # (a BrokenPipeError from anything but stdout is reported by the writer)
+        silence_stdout()
+        return STDOUT_CLOSED_CODE
     except CliError as e:
         if args.debug:
             traceback.print_exc()

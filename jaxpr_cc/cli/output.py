@@ -2,7 +2,17 @@
 through jaxpr-cc's one file writer (:mod:`jaxpr_cc.io.atomic`): a regular file is
 replaced atomically (an interrupted command leaves no partial output), a device or
 FIFO is written in place and never replaced, a symlink's target is written, and new
-files get the user's umask."""
+files get the user's umask.
+
+Stdout carries command results only.  While a command that may run the user's code
+(importing, tracing, executing) is running, :func:`stdout_reserved_for_results`
+sends everything else written to stdout (``print`` in the user's module,
+``jax.debug.print``, C libraries writing to file descriptor 1) to stderr; results go
+to the real stdout through :func:`write_stdout`.
+
+A reader that goes away (``jaxpr-cc exec ... -o - | head -c 10``) ends the command
+quietly with exit code 141, what a shell reports for ``cat`` killed by SIGPIPE
+(:class:`StdoutClosed`)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,16 +23,106 @@ from .errors import CliError
 
 STDOUT = "-"
 
+# The real stdout (a file descriptor, or a binary stream when stdout has no file
+# descriptor, as under pytest's capsys) while stdout_reserved_for_results is active.
+_results_fd: int | None = None
+_results_stream = None
+
+STDOUT_CLOSED_CODE = 141  # 128 + SIGPIPE
+
+
+class StdoutClosed(Exception):
+    """The reader of stdout went away: the command stops quietly (exit code 141)."""
+
+
+@contextlib.contextmanager
+def stdout_reserved_for_results():
+    global _results_fd, _results_stream
+    real = sys.stdout
+    try:
+        real.flush()
+    except (OSError, ValueError):
+        pass
+    fd = _fileno(real)
+    err_fd = _fileno(sys.stderr)
+    saved_fd = None
+    if fd is not None and err_fd is not None:
+        saved_fd = os.dup(fd)
+        os.set_inheritable(saved_fd, False)
+        os.dup2(err_fd, fd)  # C code and child processes writing to fd 1 reach stderr
+    old = (_results_fd, _results_stream)
+    _results_fd, _results_stream = saved_fd, (None if saved_fd is not None else
+                                              getattr(real, "buffer", None))
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        sys.stdout = real
+        _results_fd, _results_stream = old
+        if saved_fd is not None:
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def stdout_is_terminal() -> bool:
+    if _results_fd is not None:
+        return os.isatty(_results_fd)
+    isatty = getattr(sys.stdout, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def write_stdout(data: bytes | str) -> None:
+    """A command result to the real stdout (see the module docstring)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        if _results_fd is not None:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(_results_fd, view):]
+            return
+        stream = _results_stream
+        if stream is None:
+            sys.stdout.flush()
+            stream = sys.stdout.buffer
+        stream.write(raw)
+        stream.flush()
+    except BrokenPipeError:
+        raise StdoutClosed() from None
+    except OSError as e:  # a full disk, /dev/full
+        raise CliError(f"stdout: cannot write: {e.strerror or e}") from None
+
+
+def silence_stdout() -> None:
+    """After StdoutClosed: nothing more may reach the closed pipe (the interpreter's
+    final flush of sys.stdout would print a BrokenPipeError otherwise)."""
+    fd = _fileno(sys.__stdout__) if sys.__stdout__ is not None else None
+    if fd is None:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
 
 def write_output(path: str, data: bytes | str) -> None:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if path == STDOUT:
-        if not isinstance(data, str) and sys.stdout.isatty():
+        if not isinstance(data, str) and stdout_is_terminal():
             raise CliError("-o -: refusing to write a binary file to a terminal; redirect "
                            "stdout or give a file name")
-        sys.stdout.flush()
-        sys.stdout.buffer.write(raw)
-        sys.stdout.buffer.flush()
+        write_stdout(raw)
         return
     from ..io.atomic import write_bytes
     with write_errors(path):
@@ -42,14 +142,13 @@ def write_errors(path: str):
 
 
 def check_writable(path: str) -> None:
-    """Fail early (before a long step) when ``path`` cannot be written."""
+    """Fail early (before a long step) when ``path`` cannot be written; the same
+    rules as the file writer's (:func:`jaxpr_cc.io.atomic.check_path`)."""
     if path == STDOUT:
         return
-    target = os.path.abspath(path)
-    if os.path.isdir(target):
-        raise CliError(f"{path}: is a directory; -o takes a file name ('-' for stdout)")
-    if os.path.exists(target):
-        return  # an existing file, device or FIFO (through any symlinks)
-    parent = os.path.dirname(os.path.realpath(target))
-    if not os.path.isdir(parent):
-        raise CliError(f"{path}: directory {parent} does not exist")
+    from ..io.atomic import check_path
+    from ..io.errors import SaveError
+    try:
+        check_path(path)
+    except SaveError as e:
+        raise CliError(f"{e}; -o takes a file name ('-' for stdout)") from None
