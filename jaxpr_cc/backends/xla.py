@@ -209,7 +209,6 @@ class Executable:
         self._n_params = n_params
         self._donated = donated
         self._exporter = exporter
-        self._in_tree_code: Any = None
         self._export_cache: tuple | None = None
         flat_in = self._flat_input_shardings()
         self.params = tuple(params) if placed else _place(params, flat_in[:n_params])
@@ -235,21 +234,12 @@ class Executable:
         return self._fast
 
     def _check_structure(self, tree) -> None:
-        # A loaded executable rebuilds namedtuples as fresh classes: the caller's own
-        # namedtuple of the same name and fields has the same leaves in the same order.
-        if self._in_tree_code is None:
-            try:
-                self._in_tree_code = xla_archive.encode_treedef(self.in_tree, self.name)
-            except ValueError:
-                self._in_tree_code = False
-        try:
-            same = self._in_tree_code == xla_archive.encode_treedef(tree, self.name)
-        except ValueError:
-            same = False
-        if not same:
-            from ..io.pytrees import same_saved_structure
-            if same_saved_structure(tree, self.in_tree):  # custom nodes of a loaded program
-                return
+        # A loaded executable rebuilds namedtuples as fresh classes (the caller's own
+        # namedtuple of the same name and fields has the same leaves in the same
+        # order), and a loaded program holds custom nodes as data: both compared by
+        # io.pytrees; a live namedtuple class is compared as itself, as jax.jit does.
+        from ..io.pytrees import same_saved_structure
+        if not same_saved_structure(tree, self.in_tree):
             from ..ir.calling_convention import structure_mismatch
             raise TypeError(f"{self.name}: {structure_mismatch(tree, self.in_tree)}; arguments "
                             f"have structure {tree}, but the executable was compiled for "

@@ -162,9 +162,11 @@ def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<pro
         raise LoadError(name, f"like_kwargs must be a dict, got a {type(like_kwargs).__name__}")
     example = (tuple(like or ()), dict(like_kwargs or {}))
     leaves, live_in = tree_util.tree_flatten(example)
-    if live_in != program.in_tree and not pytrees.same_saved_structure(live_in, program.in_tree):
+    if live_in != program.in_tree and not pytrees.same_saved_structure(
+            live_in, program.in_tree, vouched=True):
         raise LoadError(name, f"like does not fit the saved arguments: "
-                              f"{structure_mismatch(live_in, program.in_tree)} (the saved "
+                              f"{structure_mismatch(live_in, program.in_tree, vouched=True)} "
+                              f"(the saved "
                               f"structure is {program.in_tree})")
     try:
         check_argument_types(program.name, leaves, [v.aval for v in program.arg_values], example,
@@ -172,30 +174,11 @@ def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<pro
     except TypeError as e:
         raise LoadError(name, f"like does not fit the saved arguments: {e}") from None
     try:
-        live_nodes = {}
-        _collect_custom_nodes(live_in, live_nodes)
         saved_out = pytrees.encode_treedef(program.out_tree, "out_tree", custom_nodes=True)
-        out_tree = tree_util.tree_structure(pytrees.example_tree(saved_out, live_nodes))
+        out_tree = pytrees.restored_tree(saved_out, live_in)
     except (SaveError, FormatError) as e:
         raise LoadError(name, f"cannot restore the result structure from like: {e}") from None
     return program.replace(in_tree=live_in, out_tree=out_tree)
-
-
-def _collect_custom_nodes(treedef, found: dict) -> None:
-    """Map the saved form (canonical JSON) of every custom node and namedtuple in
-    ``treedef`` to a live example of it (first occurrence wins)."""
-    from jax import tree_util
-
-    from . import pytrees
-    node_data = treedef.node_data()
-    if node_data is None:
-        return
-    if pytrees.is_custom_node_type(node_data[0]) or pytrees.is_namedtuple_class(node_data[0]):
-        text = pytrees.canonical_json(pytrees.encode_treedef(treedef, "like", custom_nodes=True))
-        if text not in found:
-            found[text] = tree_util.tree_unflatten(treedef, [pytrees.LEAF] * treedef.num_leaves)
-    for child in treedef.children():
-        _collect_custom_nodes(child, found)
 
 
 def _reject_constant(name: str):

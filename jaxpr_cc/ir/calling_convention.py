@@ -175,10 +175,11 @@ def _child_keys(treedef) -> list[str]:
     return [f"<child {i}>" for i in range(n)]
 
 
-def structure_mismatch(given, expected) -> str:
+def structure_mismatch(given, expected, *, vouched: bool = False) -> str:
     """Where and how the pytree ``given`` differs from ``expected`` (both
-    ``PyTreeDef``s of ``(args, kwargs)``): one phrase naming the first difference."""
-    return _first_difference(given, expected, ())
+    ``PyTreeDef``s of ``(args, kwargs)``): one phrase naming the first difference.
+    ``vouched``: ``given`` is a ``like=`` example (see ``same_saved_structure``)."""
+    return _first_difference(given, expected, (), vouched)
 
 
 def _path_text(keys: tuple) -> str:
@@ -188,21 +189,35 @@ def _path_text(keys: tuple) -> str:
     return root + "".join(keys[1:])
 
 
-def _first_difference(given, expected, keys: tuple) -> str:
+def _first_difference(given, expected, keys: tuple, vouched: bool = False) -> str:
     g_data, e_data = given.node_data(), expected.node_data()
     g_type = None if g_data is None else g_data[0]
     e_type = None if e_data is None else e_data[0]
     here = _path_text(keys)
+    from ..io.pytrees import SavedNode, saved_node_difference
+    saved_fits = False  # a live node standing for a saved custom node, itself fitting
     if g_type is not e_type:
-        saved_keys = _saved_node_keys(given, e_data)
-        if saved_keys is not None:
-            return (f"{here} has children {[_key_text(k) for k in saved_keys[0]]} where the "
-                    f"saved {e_data[1][0]}.{e_data[1][1]} has "
-                    f"{[_key_text(k) for k in saved_keys[1]]}")
-        return f"{here} is {_node_kind(g_data)} where the program takes {_node_kind(e_data)}"
+        if e_type is SavedNode and g_data is not None and _same_name(g_type, e_data[1]):
+            difference = saved_node_difference(given, e_data[1], vouched)
+            if difference is not None:
+                return f"{here} {difference}"
+            saved_fits = True
+        elif (g_data is not None and e_data is not None and g_type.__qualname__ ==
+              getattr(e_type, "__qualname__", None) and g_type.__module__ == e_type.__module__):
+            return (f"{here} is a {g_type.__module__}.{g_type.__qualname__} of another class "
+                    f"than the one the program was traced with (same name; jax.jit would trace "
+                    f"again): pass an instance of the traced class")
+        else:
+            return f"{here} is {_node_kind(g_data)} where the program takes {_node_kind(e_data)}"
     if g_data is None:
         return ""
     g_kids, e_kids = given.children(), expected.children()
+    if saved_fits:
+        for i, (g, e) in enumerate(zip(g_kids, e_kids)):
+            found = _first_difference(g, e, keys + (_key_text(e_data[1][2][i]),), vouched)
+            if found:
+                return found
+        return f"{here} differs in structure"
     if e_type in (dict, collections.OrderedDict, collections.defaultdict):
         g_keys, e_keys = _dict_keys(e_type, g_data[1]), _dict_keys(e_type, e_data[1])
         if g_keys != e_keys:
@@ -217,7 +232,7 @@ def _first_difference(given, expected, keys: tuple) -> str:
     child_keys = _child_keys(expected)
     for g, e, k in zip(g_kids, e_kids, child_keys):
         if g != e:
-            found = _first_difference(g, e, keys + (k,))
+            found = _first_difference(g, e, keys + (k,), vouched)
             if found:
                 return found
     if g_data[1] != e_data[1]:
@@ -226,22 +241,8 @@ def _first_difference(given, expected, keys: tuple) -> str:
     return f"{here} differs in structure"
 
 
-def _saved_node_keys(given, e_data):
-    """(given keys, saved keys) when ``given`` is a live node of the type a loaded
-    program's custom node was saved from, but with other keys; else None."""
-    from ..io.pytrees import SavedNode
-    if e_data is None or e_data[0] is not SavedNode or given.node_data() is None:
-        return None
-    module, qualname, saved = e_data[1]
-    g_type = given.node_data()[0]
-    if (g_type.__module__, g_type.__qualname__) != (module, qualname):
-        return None
-    from ..io.pytrees import SaveError, custom_node_keys
-    try:
-        keys = custom_node_keys(given, "arguments")
-    except SaveError:
-        return None
-    return (keys, saved) if keys != saved else None
+def _same_name(g_type, saved_aux) -> bool:
+    return (g_type.__module__, g_type.__qualname__) == (saved_aux[0], saved_aux[1])
 
 
 def _key_text(key: tuple) -> str:
