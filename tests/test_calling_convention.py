@@ -289,3 +289,28 @@ def test_command_line_exec_gives_python_scalar_inputs_as_traced(tmp_path):
     ref = jax.jit(scale)(jnp.float32(3.0), 0.5)
     assert out.dtype == ref.dtype
     np.testing.assert_array_equal(out, np.asarray(ref))
+
+
+def test_namedtuple_of_another_class_with_the_same_name(tmp_path):
+    import collections
+    traced_class = collections.namedtuple("P", "a b")
+    other_class = collections.namedtuple("P", "a b")
+    fun = lambda p: p.a + p.b  # noqa: E731
+    x = jnp.ones(3)
+    traces = []
+    jitted = jax.jit(lambda p: traces.append(1) or fun(p))
+    jitted(traced_class(x, x))
+    jitted(other_class(x, x))
+    assert len(traces) == 2  # jax.jit traces again for the other class
+    program = jaxpr_cc.trace(fun, traced_class(x, x))
+    for target in (program, jaxpr_cc.compile(program)):
+        with pytest.raises(TypeError, match=r"args\[0\] is a .*P of another class than the one "
+                                            r"the program was traced with"):
+            target(other_class(x, x))
+        np.testing.assert_array_equal(np.asarray(target(traced_class(x, x))),
+                                      np.asarray(jax.jit(fun)(traced_class(x, x))))
+    # a loaded program holds a class rebuilt from the name: it compares by name
+    jaxpr_cc.save(program, tmp_path / "nt.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "nt.jcc")
+    np.testing.assert_array_equal(np.asarray(loaded(other_class(x, x))),
+                                  np.asarray(jax.jit(fun)(other_class(x, x))))
