@@ -314,3 +314,15 @@ def test_namedtuple_of_another_class_with_the_same_name(tmp_path):
     loaded = jaxpr_cc.load(tmp_path / "nt.jcc")
     np.testing.assert_array_equal(np.asarray(loaded(other_class(x, x))),
                                   np.asarray(jax.jit(fun)(other_class(x, x))))
+
+
+def test_compiling_an_x64_program_without_x64_says_so():
+    with jax.enable_x64(True):
+        program = jaxpr_cc.trace(lambda x: jnp.sum(x.astype(jnp.float64)).astype(jnp.float32),
+                                 np.ones(3, np.float32))
+        np.testing.assert_array_equal(np.asarray(jaxpr_cc.compile(program)(np.ones(3, np.float32))),
+                                      np.float32(3.0))
+    with pytest.raises(TypeError, match=r"^jaxpr_cc.compile: .* uses float64 \(it was traced "
+                                        r"with jax_enable_x64\), but this process runs with "
+                                        r"jax_enable_x64 disabled; set JAX_ENABLE_X64=1[^\n]*$"):
+        jaxpr_cc.compile(program)
