@@ -326,3 +326,48 @@ def test_compiling_an_x64_program_without_x64_says_so():
                                         r"with jax_enable_x64\), but this process runs with "
                                         r"jax_enable_x64 disabled; set JAX_ENABLE_X64=1[^\n]*$"):
         jaxpr_cc.compile(program)
+
+
+def _refused_by_jax_jit(fun, *args) -> bool:
+    try:
+        jax.jit(fun)(*args)
+    except TypeError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("mode", ["program", "compiled"])
+def test_values_jax_jit_refuses_get_one_line_messages(mode):
+    fun = lambda x, y: x * 2 + y  # noqa: E731
+    x = jnp.ones(3)
+    program = jaxpr_cc.trace(fun, x, x)
+    target = program if mode == "program" else jaxpr_cc.compile(program)
+    big_endian = np.ones(3, ">f4")
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+    assert _refused_by_jax_jit(fun, big_endian, x) and _refused_by_jax_jit(fun, spec, x)
+    with pytest.raises(TypeError, match=r"^_lambda_: args\[0\] is a NumPy array of non-native "
+                                        r"byte order >f4, .* pass x\.astype\('float32'\)$"):
+        target(big_endian, x)
+    with pytest.raises(TypeError, match=r"^_lambda_: args\[0\] is a jax\.ShapeDtypeStruct \(a "
+                                        r"type, not a value[^\n]*$"):
+        target(spec, x)
+    # types only: jax.eval_shape, as for jax.jit
+    assert jax.eval_shape(program, spec, x) == jax.eval_shape(jax.jit(fun), spec, x)
+
+
+def test_key_and_float0_messages_name_the_dtype():
+    draw = lambda k: jax.random.normal(k, (2,))  # noqa: E731
+    typed = jaxpr_cc.trace(draw, jax.random.key(0))
+    raw = jaxpr_cc.trace(draw, jax.random.PRNGKey(0))
+    with pytest.raises(TypeError, match=r"args\[0\] is uint32\[2\], but the program was traced "
+                                        r"with key<fry>\[\]; the dtype is the problem: .*"
+                                        r"jax\.random\.wrap_key_data"):
+        typed(jax.random.PRNGKey(1))
+    with pytest.raises(TypeError, match=r"the dtype is the problem: .*jax\.random\.key_data"):
+        raw(jax.random.key(1))
+    np.testing.assert_array_equal(np.asarray(typed(jax.random.key(1))),
+                                  np.asarray(jax.jit(draw)(jax.random.key(1))))
+    ident = jaxpr_cc.trace(lambda t: t, np.zeros(3, jax.dtypes.float0))
+    with pytest.raises(TypeError, match=r"args\[0\] is bool\[3\], but the program was traced "
+                                        r"with float0\[3\]; pass a value of dtype float0 "):
+        ident(np.zeros(3, bool))

@@ -170,7 +170,7 @@ def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<pro
                               f"structure is {program.in_tree})")
     try:
         check_argument_types(program.name, leaves, [v.aval for v in program.arg_values], example,
-                             what="saved program")
+                             what="saved program", accept_specs=True)
     except TypeError as e:
         raise LoadError(name, f"like does not fit the saved arguments: {e}") from None
     try:
