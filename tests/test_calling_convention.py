@@ -10,6 +10,7 @@ accepted exactly when ``jax.jit`` of the original function reuses its trace.
 """
 from __future__ import annotations
 
+import collections
 import re
 
 import jax
@@ -371,3 +372,18 @@ def test_key_and_float0_messages_name_the_dtype():
     with pytest.raises(TypeError, match=r"args\[0\] is bool\[3\], but the program was traced "
                                         r"with float0\[3\]; pass a value of dtype float0 "):
         ident(np.zeros(3, bool))
+
+
+LivePoint = collections.namedtuple("LivePoint", "a b")
+
+
+def test_loaded_program_compares_namedtuples_by_name_even_when_the_class_is_live(tmp_path):
+    x = jnp.ones(3)
+    fun = lambda p: p.a - p.b  # noqa: E731
+    jaxpr_cc.save(jaxpr_cc.trace(fun, LivePoint(x, 2 * x)), tmp_path / "p.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "p.jcc")
+    assert loaded.in_tree.children()[0].children()[0].node_data()[0] is LivePoint
+    same_name = collections.namedtuple("LivePoint", "a b", module=__name__)
+    for target in (loaded, jaxpr_cc.compile(loaded)):
+        np.testing.assert_array_equal(np.asarray(target(same_name(x, 2 * x))),
+                                      np.asarray(jax.jit(fun)(same_name(x, 2 * x))))

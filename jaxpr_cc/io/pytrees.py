@@ -407,8 +407,8 @@ def same_saved_structure(given, expected, *, vouched: bool = False) -> bool:
     from a file: equal, except that where ``expected`` holds a :class:`SavedNode`,
     ``given`` may hold the original node (same type name, keys and saved static data,
     children that fit) and where it holds a namedtuple class rebuilt from a file, a
-    namedtuple class of the same name and fields.  (A namedtuple class that was live
-    when the program was traced or loaded is compared as itself, as jax.jit does.)
+    namedtuple class of the same name and fields.  (A namedtuple class no file named
+    is compared as itself, as jax.jit does.)
     ``vouched``: ``given`` is a ``like=`` example, which vouches for static data
     that was not saved as data."""
     try:
@@ -476,7 +476,9 @@ def _is_rebuilt_namedtuple(cls) -> bool:
 # ------------------------------------------------------------------ decoding
 _namedtuple_cache: dict[tuple, type] = {}
 _cache_lock = threading.Lock()
-_rebuilt_classes: set = set()  # the namedtuple classes made when reading a file
+# The namedtuple classes a file named (made, or found live, when reading it): a
+# loaded program compares them by module, name and fields; others by identity.
+_rebuilt_classes: set = set()
 
 
 def _live_class(module: str, qualname: str):
@@ -498,6 +500,7 @@ def _live_class(module: str, qualname: str):
 def namedtuple_class(module: str, qualname: str, fields: tuple[str, ...]) -> type:
     live = _live_class(module, qualname)
     if _is_namedtuple_class(live) and tuple(live._fields) == fields:
+        _rebuilt_classes.add(live)  # a loaded program compares it by name
         return live
     key = (module, qualname, fields)
     with _cache_lock:
