@@ -121,12 +121,13 @@ def load(path, *, check_types: bool = True, like=None, like_kwargs=None):
     Custom pytree nodes of the calling convention (equinox Modules, classes of
     ``register_pytree_node_class``) are saved as data and read back as
     :class:`jaxpr_cc.io.pytrees.SavedNode`; the program also accepts the original
-    objects (same type name, keys and children).  ``like`` (a tuple of example
-    positional arguments) and ``like_kwargs`` restore the caller's own structure:
-    they must fit the saved arguments (same structure and leaf types); the program
-    then takes and returns the caller's types, a custom node or namedtuple of the
-    result being rebuilt as the argument node of the same type, keys and children
-    structure.
+    objects (same type name, keys, children and saved static data; a node whose
+    static data is not plain data is refused: use ``like``).  ``like`` (a tuple or
+    list of example positional arguments) and ``like_kwargs`` restore the caller's
+    own structure: they must fit the saved arguments (same structure, static data
+    and leaf types); the program then takes and returns the caller's types, a custom
+    node of the result getting exactly the static data it was traced with (or
+    ``LoadError`` when that cannot be rebuilt) and a namedtuple the example's class.
     """
     path = os.fspath(path)
     try:
@@ -149,8 +150,9 @@ def load(path, *, check_types: bool = True, like=None, like_kwargs=None):
 def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<program>"):
     """``program`` taking the structure of the example arguments ``like`` /
     ``like_kwargs`` (checked to fit its saved arguments) and returning, for each
-    custom node or namedtuple of its result, the argument node of the same type,
-    keys and children structure (others stay as loaded)."""
+    custom node or namedtuple of its result, the example's type of the same name
+    and keys with the node's own saved static data (see ``pytrees.LiveIndex``;
+    nodes of types absent from the example stay as loaded)."""
     from jax import tree_util
 
     from ..ir.calling_convention import check_argument_types, structure_mismatch
