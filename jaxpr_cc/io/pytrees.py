@@ -194,12 +194,16 @@ def _static_data(value: Any, depth: int) -> Any:
 
 def _is_stateless(value: Any) -> bool:
     cls = type(value)
-    if isinstance(value, type) or callable(value) or cls.__module__ == "builtins":
+    try:  # arbitrary user objects: any failure to inspect one means "not data"
+        if isinstance(value, type) or callable(value) or cls.__module__ == "builtins":
+            return False
+        if cls.__eq__ is not object.__eq__ or getattr(value, "__dict__", None) != {}:
+            return False
+        slots = [c.__dict__.get("__slots__", ()) for c in cls.__mro__]
+        return not any(hasattr(value, slot) for group in slots
+                       for slot in ((group,) if isinstance(group, str) else group))
+    except Exception:
         return False
-    if cls.__eq__ is not object.__eq__ or getattr(value, "__dict__", None) != {}:
-        return False
-    return not any(hasattr(value, slot) for c in cls.__mro__
-                   for slot in c.__dict__.get("__slots__", ()))
 
 
 def static_text(static_json: Any) -> str:
