@@ -10,6 +10,7 @@ accepted exactly when ``jax.jit`` of the original function reuses its trace.
 """
 from __future__ import annotations
 
+import collections
 import re
 
 import jax
@@ -289,3 +290,100 @@ def test_command_line_exec_gives_python_scalar_inputs_as_traced(tmp_path):
     ref = jax.jit(scale)(jnp.float32(3.0), 0.5)
     assert out.dtype == ref.dtype
     np.testing.assert_array_equal(out, np.asarray(ref))
+
+
+def test_namedtuple_of_another_class_with_the_same_name(tmp_path):
+    import collections
+    traced_class = collections.namedtuple("P", "a b")
+    other_class = collections.namedtuple("P", "a b")
+    fun = lambda p: p.a + p.b  # noqa: E731
+    x = jnp.ones(3)
+    traces = []
+    jitted = jax.jit(lambda p: traces.append(1) or fun(p))
+    jitted(traced_class(x, x))
+    jitted(other_class(x, x))
+    assert len(traces) == 2  # jax.jit traces again for the other class
+    program = jaxpr_cc.trace(fun, traced_class(x, x))
+    for target in (program, jaxpr_cc.compile(program)):
+        with pytest.raises(TypeError, match=r"args\[0\] is a .*P of another class than the one "
+                                            r"the program was traced with"):
+            target(other_class(x, x))
+        np.testing.assert_array_equal(np.asarray(target(traced_class(x, x))),
+                                      np.asarray(jax.jit(fun)(traced_class(x, x))))
+    # a loaded program holds a class rebuilt from the name: it compares by name
+    jaxpr_cc.save(program, tmp_path / "nt.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "nt.jcc")
+    np.testing.assert_array_equal(np.asarray(loaded(other_class(x, x))),
+                                  np.asarray(jax.jit(fun)(other_class(x, x))))
+
+
+def test_compiling_an_x64_program_without_x64_says_so():
+    with jax.enable_x64(True):
+        program = jaxpr_cc.trace(lambda x: jnp.sum(x.astype(jnp.float64)).astype(jnp.float32),
+                                 np.ones(3, np.float32))
+        np.testing.assert_array_equal(np.asarray(jaxpr_cc.compile(program)(np.ones(3, np.float32))),
+                                      np.float32(3.0))
+    with pytest.raises(TypeError, match=r"^jaxpr_cc.compile: .* uses float64 \(it was traced "
+                                        r"with jax_enable_x64\), but this process runs with "
+                                        r"jax_enable_x64 disabled; set JAX_ENABLE_X64=1[^\n]*$"):
+        jaxpr_cc.compile(program)
+
+
+def _refused_by_jax_jit(fun, *args) -> bool:
+    try:
+        jax.jit(fun)(*args)
+    except TypeError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("mode", ["program", "compiled"])
+def test_values_jax_jit_refuses_get_one_line_messages(mode):
+    fun = lambda x, y: x * 2 + y  # noqa: E731
+    x = jnp.ones(3)
+    program = jaxpr_cc.trace(fun, x, x)
+    target = program if mode == "program" else jaxpr_cc.compile(program)
+    big_endian = np.ones(3, ">f4")
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+    assert _refused_by_jax_jit(fun, big_endian, x) and _refused_by_jax_jit(fun, spec, x)
+    with pytest.raises(TypeError, match=r"^_lambda_: args\[0\] is a NumPy array of non-native "
+                                        r"byte order >f4, .* pass x\.astype\('float32'\)$"):
+        target(big_endian, x)
+    with pytest.raises(TypeError, match=r"^_lambda_: args\[0\] is a jax\.ShapeDtypeStruct \(a "
+                                        r"type, not a value[^\n]*$"):
+        target(spec, x)
+    # types only: jax.eval_shape, as for jax.jit
+    assert jax.eval_shape(program, spec, x) == jax.eval_shape(jax.jit(fun), spec, x)
+
+
+def test_key_and_float0_messages_name_the_dtype():
+    draw = lambda k: jax.random.normal(k, (2,))  # noqa: E731
+    typed = jaxpr_cc.trace(draw, jax.random.key(0))
+    raw = jaxpr_cc.trace(draw, jax.random.PRNGKey(0))
+    with pytest.raises(TypeError, match=r"args\[0\] is uint32\[2\], but the program was traced "
+                                        r"with key<fry>\[\]; the dtype is the problem: .*"
+                                        r"jax\.random\.wrap_key_data"):
+        typed(jax.random.PRNGKey(1))
+    with pytest.raises(TypeError, match=r"the dtype is the problem: .*jax\.random\.key_data"):
+        raw(jax.random.key(1))
+    np.testing.assert_array_equal(np.asarray(typed(jax.random.key(1))),
+                                  np.asarray(jax.jit(draw)(jax.random.key(1))))
+    ident = jaxpr_cc.trace(lambda t: t, np.zeros(3, jax.dtypes.float0))
+    with pytest.raises(TypeError, match=r"args\[0\] is bool\[3\], but the program was traced "
+                                        r"with float0\[3\]; pass a value of dtype float0 "):
+        ident(np.zeros(3, bool))
+
+
+LivePoint = collections.namedtuple("LivePoint", "a b")
+
+
+def test_loaded_program_compares_namedtuples_by_name_even_when_the_class_is_live(tmp_path):
+    x = jnp.ones(3)
+    fun = lambda p: p.a - p.b  # noqa: E731
+    jaxpr_cc.save(jaxpr_cc.trace(fun, LivePoint(x, 2 * x)), tmp_path / "p.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "p.jcc")
+    assert loaded.in_tree.children()[0].children()[0].node_data()[0] is LivePoint
+    same_name = collections.namedtuple("LivePoint", "a b", module=__name__)
+    for target in (loaded, jaxpr_cc.compile(loaded)):
+        np.testing.assert_array_equal(np.asarray(target(same_name(x, 2 * x))),
+                                      np.asarray(jax.jit(fun)(same_name(x, 2 * x))))

@@ -2,7 +2,8 @@
 
 An equinox Module or a ``register_pytree_node_class`` class as an argument or a
 result is written as its type name, the key-path entry of each child and the
-children (never its class or auxiliary data).  ``jaxpr_cc.load(path)`` gives a
+children, and its auxiliary (static) data when that is plain data (never its
+class or code).  ``jaxpr_cc.load(path)`` gives a
 program taking ``SavedNode``s (or the original objects) with the same leaves and key
 paths; ``load(path, like=example_args)`` restores the caller's structure, checking
 that it fits.  Values and gradients are compared with ``jax.jit`` of the original
@@ -10,6 +11,7 @@ function.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import zipfile
 
@@ -92,10 +94,11 @@ def test_saved_as_data_with_key_paths(files):
     assert net["custom"] == "Net" and net["module"] == __name__
     assert net["keys"] == [{"attr": "layers"}, {"attr": "scale"}]
     layer = net["children"][0]["tuple"][0]
+    # the static field is saved as data; equinox's MISSING sentinel as its type name
     assert layer == {"custom": "Linear", "module": __name__,
-                     "keys": [{"attr": "weight"}, {"attr": "bias"}], "children": ["*", "*"]}
-    text = zipfile.ZipFile(path).read("program.json").decode()
-    assert "tanh" not in text.split('"regions"')[0]  # static (auxiliary) data is not saved
+                     "keys": [{"attr": "weight"}, {"attr": "bias"}], "children": ["*", "*"],
+                     "static": {"tuple": [{"object": "equinox._module._flatten._Missing"},
+                                          "tanh"]}}
     pair_doc = json.loads(zipfile.ZipFile(files["pair"][0]).read("program.json"))
     assert pair_doc["out_tree"]["keys"] == [{"flat": 0}, {"flat": 1}]
 
@@ -248,3 +251,160 @@ def test_original_node_with_other_children_is_refused(tmp_path):
     with pytest.raises(TypeError, match=r"args\[0\] has children \['\.x', '\.z'\] where the "
                                         r"saved .*Point has \['\.x', '\.y'\]"):
         loaded(Point(jnp.ones(2), jnp.ones(2)))
+
+
+# ---------------------------------------------------------------- static data
+# jax.jit compares a node's auxiliary data (equinox static fields, register_dataclass
+# meta fields, tree_flatten's aux) and traces again when it differs; a program
+# computes what its traced static data chose, so a call with other static data is
+# refused, and a result node gets exactly the static data it was traced with.
+class Act(eqx.Module):
+    w: jax.Array
+    b: jax.Array
+    act: str = eqx.field(static=True, default="relu")
+
+    def __call__(self, x):
+        y = self.w @ x + self.b
+        return jax.nn.relu(y) if self.act == "relu" else jnp.tanh(y)
+
+
+@jax.tree_util.register_pytree_node_class
+class Tagged:
+    def __init__(self, a, tag=0):
+        self.a, self.tag = a, tag
+
+    def tree_flatten(self):
+        return (self.a,), self.tag
+
+    @classmethod
+    def tree_unflatten(cls, tag, children):
+        return cls(children[0], tag)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Scaled:
+    x: jax.Array
+    n: int = dataclasses.field(metadata=dict(static=True), default=1)
+
+
+def _act(kind):
+    return Act(jnp.eye(3), -0.5 * jnp.ones(3), act=kind)
+
+
+def _apply(m, x):
+    return m(x)
+
+
+@pytest.fixture(scope="module")
+def act_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("static") / "act.jcc"
+    jaxpr_cc.save(jaxpr_cc.trace(_apply, _act("relu"), X), path)
+    return path
+
+
+def test_static_field_is_checked_after_loading(act_file):
+    relu, tanh = _act("relu"), _act("tanh")
+    # jax.jit traces again for the other static field and computes something else
+    assert not np.allclose(jax.jit(_apply)(relu, X), jax.jit(_apply)(tanh, X))
+    for program in (jaxpr_cc.load(act_file), jaxpr_cc.load(act_file, like=(relu, X)),
+                    jaxpr_cc.compile(jaxpr_cc.load(act_file))):
+        np.testing.assert_array_equal(np.asarray(program(relu, X)),
+                                      np.asarray(jax.jit(_apply)(relu, X)))
+        with pytest.raises(TypeError, match=r"args\[0\] is a .*Act with (different )?static "
+                                            r"data .*tanh.*relu"):
+            program(tanh, X)
+    with pytest.raises(jaxpr_cc.LoadError, match=r"like does not fit the saved arguments: "
+                                                 r"args\[0\] is a .*Act with static data "
+                                                 r".*'tanh'.* traced with .*'relu'"):
+        jaxpr_cc.load(act_file, like=(tanh, X))
+
+
+def test_nested_static_field_names_its_path(act_file, tmp_path):
+    class Stack(eqx.Module):
+        layers: list
+
+        def __call__(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    program = jaxpr_cc.trace(_apply, Stack([_act("relu"), _act("tanh")]), X)
+    jaxpr_cc.save(program, tmp_path / "stack.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "stack.jcc")
+    swapped = Stack([_act("tanh"), _act("relu")])
+    with pytest.raises(TypeError, match=r"args\[0\]\.layers\[0\] is a .*Act with static data"):
+        loaded(swapped, X)
+    with pytest.raises(TypeError, match=r"args\[0\]\.layers\[0\] is a .*Act with different "
+                                        r"static data"):
+        program(swapped, X)
+
+
+@pytest.mark.parametrize("kind", ["dataclass", "node_class"])
+def test_meta_fields_and_aux_data_are_checked(kind, tmp_path):
+    if kind == "dataclass":
+        fun, good, bad = (lambda d: d.x * d.n), Scaled(X, 2), Scaled(X, 3)
+    else:
+        fun, good, bad = (lambda b: b.a * b.tag), Tagged(X, 2), Tagged(X, 3)
+    jaxpr_cc.save(jaxpr_cc.trace(fun, good), tmp_path / "p.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "p.jcc")
+    np.testing.assert_array_equal(np.asarray(loaded(good)), np.asarray(jax.jit(fun)(good)))
+    assert not np.array_equal(jax.jit(fun)(bad), jax.jit(fun)(good))
+    with pytest.raises(TypeError, match=r"args\[0\] is a .* with static data \(?3,?\)? where "
+                                        r"the program was traced with \(?2,?\)?"):
+        loaded(bad)
+
+
+def test_static_data_that_is_not_data_needs_like(tmp_path):
+    fun = lambda b, x: b.tag(b.a) + x  # noqa: E731  (the aux data is a function)
+    arg = Tagged(X, jnp.sin)
+    jaxpr_cc.save(jaxpr_cc.trace(fun, arg, X), tmp_path / "f.jcc")
+    doc = json.loads(zipfile.ZipFile(tmp_path / "f.jcc").read("program.json"))
+    assert doc["in_tree"]["tuple"][0]["tuple"][0]["static"] == {"opaque": "jax.numpy.sin"} \
+        or "opaque" in doc["in_tree"]["tuple"][0]["tuple"][0]["static"]
+    with pytest.raises(TypeError, match=r"args\[0\] is a .*Tagged whose static data .* was not "
+                                        r"saved as data.*like="):
+        jaxpr_cc.load(tmp_path / "f.jcc")(arg, X)
+    restored = jaxpr_cc.load(tmp_path / "f.jcc", like=(arg, X))
+    np.testing.assert_array_equal(np.asarray(restored(arg, X)),
+                                  np.asarray(jax.jit(fun)(arg, X)))
+
+
+def test_result_nodes_get_their_own_static_data(tmp_path):
+    relu = _act("relu")
+    cases = {
+        "new static": (lambda m: Act(m.w * 2, m.b, act="tanh"), (relu,)),
+        "swapped": (lambda t: (t[1], t[0]), ((relu, _act("tanh")),)),
+        "aux": (lambda b: Tagged(b.a + 1, tag=7), (Tagged(X, 1),)),
+        "meta": (lambda d: Scaled(d.x, d.n + 4), (Scaled(X, 2),)),
+    }
+    for name, (fun, args) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.jcc"
+        jaxpr_cc.save(jaxpr_cc.trace(fun, *args), path)
+        out = jaxpr_cc.load(path, like=args)(*args)
+        ref = jax.jit(fun)(*args)
+        assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(ref), name
+        for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert [m.act for m in jaxpr_cc.load(tmp_path / "swapped.jcc",
+                                         like=cases["swapped"][1])(*cases["swapped"][1])] \
+        == ["tanh", "relu"]
+
+
+def test_result_static_data_that_cannot_be_rebuilt_is_refused(tmp_path):
+    fun = lambda b: Tagged(b.a * 2, tag=jnp.cos)  # noqa: E731
+    arg = Tagged(X, jnp.sin)
+    jaxpr_cc.save(jaxpr_cc.trace(fun, arg), tmp_path / "f.jcc")
+    with pytest.raises(jaxpr_cc.LoadError, match=r"cannot restore the result structure from "
+                                                 r"like: .*Tagged was traced with static data"):
+        jaxpr_cc.load(tmp_path / "f.jcc", like=(arg,))
+    # even a like holding a node with the same type of static data is no proof
+    both = (Tagged(X, jnp.sin), Tagged(X, jnp.cos))
+    jaxpr_cc.save(jaxpr_cc.trace(lambda b, c: fun(b), *both), tmp_path / "g.jcc")
+    with pytest.raises(jaxpr_cc.LoadError, match=r"cannot be rebuilt as data"):
+        jaxpr_cc.load(tmp_path / "g.jcc", like=both)
+    loaded = jaxpr_cc.load(tmp_path / "g.jcc")  # without like: SavedNodes in and out
+    saved_args, _ = jax.tree_util.tree_unflatten(loaded.in_tree, [X, X])
+    out = loaded(*saved_args)
+    assert isinstance(out, SavedNode)
+    np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(jax.jit(fun)(arg).a))

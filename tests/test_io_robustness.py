@@ -491,6 +491,13 @@ def damaged_documents():
             data, program_json=text.replace(b'"out":[', b'"out":[' + b"9" * 5000 + b",", 1))
 
 
+def _nested_static(depth: int):
+    value = "x"
+    for _ in range(depth):
+        value = {"tuple": [value]}
+    return value
+
+
 def custom_node_damage():
     """A file whose arguments and result hold custom pytree nodes, with every field
     of a custom node damaged (checksums recomputed)."""
@@ -513,6 +520,13 @@ def custom_node_damage():
         "one child fewer (leaf count)": ("children", ["*"]),
         "malformed child": ("children", ["*", {"custom": "X"}]),
         "extra field": ("aux", "x"),
+        "static float not a number": ("static", {"float": "one"}),
+        "static unknown tag": ("static", {"set": []}),
+        "static with two tags": ("static", {"tuple": [], "list": []}),
+        "static dict with a float key": ("static", {"dict": [[1.5, 1]]}),
+        "static complex of one part": ("static", {"complex": ["1.0"]}),
+        "static float as a number": ("static", {"float": 1.0}),
+        "static nested too deeply": ("static", _nested_static(300)),
     }
     for label, (field, value) in damages.items():
         d = copy.deepcopy(doc)

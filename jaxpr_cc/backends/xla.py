@@ -91,6 +91,7 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
                  compiler_options: dict | None = None) -> "Executable":
     """:func:`compile` with one sharding (or None) per flat argument leaf and
     ``donated`` as flat argument-leaf indices; ``jaxpr_cc.jit`` calls this."""
+    _check_x64(program)
     n_params = len(program.params)
     avals = [v.aval for v in program.body.invars]
     n_args = len(avals) - n_params
@@ -125,6 +126,37 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
                       in_tree=program.in_tree, out_tree=out_tree, params=program.params,
                       input_avals=avals, n_params=n_params,
                       donated=tuple(sorted(donated)), exporter=export, program=program)
+
+
+_X64_ONLY = ("int64", "uint64", "float64", "complex128")
+
+
+def _check_x64(program: Program) -> None:
+    """A program traced under ``jax.enable_x64`` holds 64-bit types that JAX
+    cannot build without it: say so in one line rather than fail inside lowering
+    (loading such a file says the same)."""
+    import numpy as np
+    if jax.dtypes.canonicalize_dtype(np.float64) == np.float64:
+        return
+
+    def wide(values) -> str | None:
+        for v in values:
+            name = str(getattr(getattr(v, "aval", None), "dtype", ""))
+            if name in _X64_ONLY:
+                return name
+        return None
+
+    body = program.body
+    found = wide(body.invars) or wide(body.outvars)
+    if found is None:
+        for region, eqn in body.walk():
+            found = wide(eqn.outputs) or wide(region.invars)
+            if found:
+                break
+    if found:
+        raise TypeError(f"jaxpr_cc.compile: {program.name} uses {found} (it was traced with "
+                        f"jax_enable_x64), but this process runs with jax_enable_x64 disabled; "
+                        f"set JAX_ENABLE_X64=1 or compile inside `with jax.enable_x64(True):`")
 
 
 def _committed_sharding(x: Any):
@@ -209,7 +241,6 @@ class Executable:
         self._n_params = n_params
         self._donated = donated
         self._exporter = exporter
-        self._in_tree_code: Any = None
         self._export_cache: tuple | None = None
         flat_in = self._flat_input_shardings()
         self.params = tuple(params) if placed else _place(params, flat_in[:n_params])
@@ -235,21 +266,12 @@ class Executable:
         return self._fast
 
     def _check_structure(self, tree) -> None:
-        # A loaded executable rebuilds namedtuples as fresh classes: the caller's own
-        # namedtuple of the same name and fields has the same leaves in the same order.
-        if self._in_tree_code is None:
-            try:
-                self._in_tree_code = xla_archive.encode_treedef(self.in_tree, self.name)
-            except ValueError:
-                self._in_tree_code = False
-        try:
-            same = self._in_tree_code == xla_archive.encode_treedef(tree, self.name)
-        except ValueError:
-            same = False
-        if not same:
-            from ..io.pytrees import same_saved_structure
-            if same_saved_structure(tree, self.in_tree):  # custom nodes of a loaded program
-                return
+        # A loaded executable rebuilds namedtuples as fresh classes (the caller's own
+        # namedtuple of the same name and fields has the same leaves in the same
+        # order), and a loaded program holds custom nodes as data: both compared by
+        # io.pytrees; a live namedtuple class is compared as itself, as jax.jit does.
+        from ..io.pytrees import same_saved_structure
+        if not same_saved_structure(tree, self.in_tree):
             from ..ir.calling_convention import structure_mismatch
             raise TypeError(f"{self.name}: {structure_mismatch(tree, self.in_tree)}; arguments "
                             f"have structure {tree}, but the executable was compiled for "

@@ -121,12 +121,13 @@ def load(path, *, check_types: bool = True, like=None, like_kwargs=None):
     Custom pytree nodes of the calling convention (equinox Modules, classes of
     ``register_pytree_node_class``) are saved as data and read back as
     :class:`jaxpr_cc.io.pytrees.SavedNode`; the program also accepts the original
-    objects (same type name, keys and children).  ``like`` (a tuple of example
-    positional arguments) and ``like_kwargs`` restore the caller's own structure:
-    they must fit the saved arguments (same structure and leaf types); the program
-    then takes and returns the caller's types, a custom node or namedtuple of the
-    result being rebuilt as the argument node of the same type, keys and children
-    structure.
+    objects (same type name, keys, children and saved static data; a node whose
+    static data is not plain data is refused: use ``like``).  ``like`` (a tuple or
+    list of example positional arguments) and ``like_kwargs`` restore the caller's
+    own structure: they must fit the saved arguments (same structure, static data
+    and leaf types); the program then takes and returns the caller's types, a custom
+    node of the result getting exactly the static data it was traced with (or
+    ``LoadError`` when that cannot be rebuilt) and a namedtuple the example's class.
     """
     path = os.fspath(path)
     try:
@@ -149,8 +150,9 @@ def load(path, *, check_types: bool = True, like=None, like_kwargs=None):
 def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<program>"):
     """``program`` taking the structure of the example arguments ``like`` /
     ``like_kwargs`` (checked to fit its saved arguments) and returning, for each
-    custom node or namedtuple of its result, the argument node of the same type,
-    keys and children structure (others stay as loaded)."""
+    custom node or namedtuple of its result, the example's type of the same name
+    and keys with the node's own saved static data (see ``pytrees.LiveIndex``;
+    nodes of types absent from the example stay as loaded)."""
     from jax import tree_util
 
     from ..ir.calling_convention import check_argument_types, structure_mismatch
@@ -162,40 +164,23 @@ def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<pro
         raise LoadError(name, f"like_kwargs must be a dict, got a {type(like_kwargs).__name__}")
     example = (tuple(like or ()), dict(like_kwargs or {}))
     leaves, live_in = tree_util.tree_flatten(example)
-    if live_in != program.in_tree and not pytrees.same_saved_structure(live_in, program.in_tree):
+    if live_in != program.in_tree and not pytrees.same_saved_structure(
+            live_in, program.in_tree, vouched=True):
         raise LoadError(name, f"like does not fit the saved arguments: "
-                              f"{structure_mismatch(live_in, program.in_tree)} (the saved "
+                              f"{structure_mismatch(live_in, program.in_tree, vouched=True)} "
+                              f"(the saved "
                               f"structure is {program.in_tree})")
     try:
         check_argument_types(program.name, leaves, [v.aval for v in program.arg_values], example,
-                             what="saved program")
+                             what="saved program", accept_specs=True)
     except TypeError as e:
         raise LoadError(name, f"like does not fit the saved arguments: {e}") from None
     try:
-        live_nodes = {}
-        _collect_custom_nodes(live_in, live_nodes)
         saved_out = pytrees.encode_treedef(program.out_tree, "out_tree", custom_nodes=True)
-        out_tree = tree_util.tree_structure(pytrees.example_tree(saved_out, live_nodes))
+        out_tree = pytrees.restored_tree(saved_out, live_in)
     except (SaveError, FormatError) as e:
         raise LoadError(name, f"cannot restore the result structure from like: {e}") from None
     return program.replace(in_tree=live_in, out_tree=out_tree)
-
-
-def _collect_custom_nodes(treedef, found: dict) -> None:
-    """Map the saved form (canonical JSON) of every custom node and namedtuple in
-    ``treedef`` to a live example of it (first occurrence wins)."""
-    from jax import tree_util
-
-    from . import pytrees
-    node_data = treedef.node_data()
-    if node_data is None:
-        return
-    if pytrees.is_custom_node_type(node_data[0]) or pytrees.is_namedtuple_class(node_data[0]):
-        text = pytrees.canonical_json(pytrees.encode_treedef(treedef, "like", custom_nodes=True))
-        if text not in found:
-            found[text] = tree_util.tree_unflatten(treedef, [pytrees.LEAF] * treedef.num_leaves)
-    for child in treedef.children():
-        _collect_custom_nodes(child, found)
 
 
 def _reject_constant(name: str):

@@ -22,6 +22,7 @@ import collections
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 from jax import tree_util
 
 __all__ = ["argument_path", "check_argument_types", "describe_type",
@@ -38,9 +39,19 @@ def argument_path(path: Sequence[Any]) -> str:
     return root + tree_util.keystr(rest)
 
 
+def _dtype_name(dtype) -> str:
+    # float0 (the tangent type of integers) is a NumPy structured dtype; JAX prints
+    # it as float0
+    return "float0" if dtype == jax.dtypes.float0 else str(dtype)
+
+
+def _is_key_dtype(dtype) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
 def describe_type(aval) -> str:
     """``float32[3]``, or ``weakly typed float32[] (a Python scalar)``."""
-    text = f"{aval.dtype}[{','.join(map(str, aval.shape))}]"
+    text = f"{_dtype_name(aval.dtype)}[{','.join(map(str, aval.shape))}]"
     if getattr(aval, "weak_type", False):
         return f"weakly typed {text} (a Python scalar)"
     return text
@@ -51,10 +62,12 @@ def describe_type(aval) -> str:
 _CARRIES_AVAL: set = set()
 
 
-def _type_of(x: Any):
+def _type_of(x: Any, accept_specs: bool = False):
     cls = type(x)
     if cls in _CARRIES_AVAL:
         return x.aval
+    if isinstance(x, jax.ShapeDtypeStruct) and not accept_specs:
+        return None  # a type, not a value: jax.jit refuses it too
     if isinstance(x, (jax.Array, jax.core.Tracer)):
         _CARRIES_AVAL.add(cls)
         return x.aval
@@ -70,11 +83,14 @@ def _same_type(got, want) -> bool:
 
 
 def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[Any],
-                         args_and_kwargs: tuple, *, what: str = "program") -> None:
+                         args_and_kwargs: tuple, *, what: str = "program",
+                         accept_specs: bool = False) -> None:
     """Raise ``TypeError`` if a leaf's type differs from the traced type.
 
     ``leaves`` are the flattened ``args_and_kwargs`` (used only to name the
     argument in the message); ``expected`` the traced avals, one per leaf.
+    ``accept_specs``: ``jax.ShapeDtypeStruct`` leaves stand for their type (example
+    arguments); in a call they are refused, as ``jax.jit`` refuses them.
     """
     carries_aval = _CARRIES_AVAL
     try:
@@ -92,7 +108,7 @@ def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[An
     for i, (x, want) in enumerate(zip(leaves, expected)):
         if not hasattr(want, "shape"):  # tokens and other unshaped inputs
             continue
-        got = _type_of(x)
+        got = _type_of(x, accept_specs)
         if got is None or not hasattr(got, "shape") or not _same_type(got, want):
             raise TypeError(_mismatch_message(name, what, i, x, got, want, args_and_kwargs))
 
@@ -108,23 +124,42 @@ def _leaf_path(index: int, args_and_kwargs: tuple) -> str:
 def _mismatch_message(name, what, index, x, got, want, args_and_kwargs) -> str:
     where = _leaf_path(index, args_and_kwargs)
     traced = describe_type(want)
+    made = "compiled for" if what == "executable" else "traced with"
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return (f"{name}: {where} is a jax.ShapeDtypeStruct (a type, not a value; jax.jit "
+                f"refuses it too); the {what} was {made} {traced} there: pass an array of "
+                f"that type, or use jax.eval_shape to compute with types only")
+    if isinstance(x, np.ndarray) and got is None:
+        native = x.dtype.newbyteorder("=") if x.dtype.byteorder not in "=|" else None
+        if native is not None:
+            return (f"{name}: {where} is a NumPy array of non-native byte order "
+                    f"{x.dtype.str}, which JAX does not take (jax.jit refuses it too); the "
+                    f"{what} was {made} {traced} there: pass x.astype({native.name!r})")
+        return (f"{name}: {where} is a NumPy array of dtype {x.dtype}, which is not a JAX "
+                f"array type; the {what} was {made} {traced} there: pass a value of that type")
     if got is None or not hasattr(got, "shape"):
-        made = "compiled for" if what == "executable" else "traced with"
         return (f"{name}: {where} is a {type(x).__name__}, not an array; the {what} was {made} "
                 f"{traced} there: pass a value of that type")
     from ..jax_adapter import is_batch_tracer
     inside = " per example (under jax.vmap the mapped axis is not counted)" \
         if is_batch_tracer(x) and got.shape != want.shape else ""
     given = describe_type(got)
-    made = "compiled for" if what == "executable" else "traced with"
     head = f"{name}: {where} is {given}{inside}, but the {what} was {made} {traced}"
-    if got.shape != want.shape:
+    if _is_key_dtype(want.dtype) and not _is_key_dtype(got.dtype):
+        fix = (f"the dtype is the problem: the {what} takes a typed PRNG key "
+               f"(jax.random.key); pass one, e.g. jax.random.wrap_key_data(k) of raw key "
+               f"data k")
+    elif _is_key_dtype(got.dtype) and not _is_key_dtype(want.dtype):
+        fix = (f"the dtype is the problem: the {what} takes raw key data "
+               f"(jax.random.PRNGKey); pass jax.random.key_data(k) of a typed key k")
+    elif got.shape != want.shape:
         fix = (f"pass an array of shape {tuple(want.shape)}, or trace the function again with "
                f"the new shape")
     elif got.dtype != want.dtype:
-        fix = (f"pass a value of dtype {want.dtype} (nothing is converted: reading a "
-               f"{got.dtype} as {want.dtype} computes something else), or trace the function "
-               f"again with a {got.dtype} argument")
+        w_name, g_name = _dtype_name(want.dtype), _dtype_name(got.dtype)
+        fix = (f"pass a value of dtype {w_name} (nothing is converted: reading a "
+               f"{g_name} as {w_name} computes something else), or trace the function "
+               f"again with a {g_name} argument")
     elif want.weak_type:
         fix = (f"pass a Python scalar as when tracing, or trace the function again with a "
                f"strongly typed {want.dtype} array (JAX promotes weakly typed values "
@@ -175,10 +210,11 @@ def _child_keys(treedef) -> list[str]:
     return [f"<child {i}>" for i in range(n)]
 
 
-def structure_mismatch(given, expected) -> str:
+def structure_mismatch(given, expected, *, vouched: bool = False) -> str:
     """Where and how the pytree ``given`` differs from ``expected`` (both
-    ``PyTreeDef``s of ``(args, kwargs)``): one phrase naming the first difference."""
-    return _first_difference(given, expected, ())
+    ``PyTreeDef``s of ``(args, kwargs)``): one phrase naming the first difference.
+    ``vouched``: ``given`` is a ``like=`` example (see ``same_saved_structure``)."""
+    return _first_difference(given, expected, (), vouched)
 
 
 def _path_text(keys: tuple) -> str:
@@ -188,21 +224,35 @@ def _path_text(keys: tuple) -> str:
     return root + "".join(keys[1:])
 
 
-def _first_difference(given, expected, keys: tuple) -> str:
+def _first_difference(given, expected, keys: tuple, vouched: bool = False) -> str:
     g_data, e_data = given.node_data(), expected.node_data()
     g_type = None if g_data is None else g_data[0]
     e_type = None if e_data is None else e_data[0]
     here = _path_text(keys)
+    from ..io.pytrees import SavedNode, saved_node_difference
+    saved_fits = False  # a live node standing for a saved custom node, itself fitting
     if g_type is not e_type:
-        saved_keys = _saved_node_keys(given, e_data)
-        if saved_keys is not None:
-            return (f"{here} has children {[_key_text(k) for k in saved_keys[0]]} where the "
-                    f"saved {e_data[1][0]}.{e_data[1][1]} has "
-                    f"{[_key_text(k) for k in saved_keys[1]]}")
-        return f"{here} is {_node_kind(g_data)} where the program takes {_node_kind(e_data)}"
+        if e_type is SavedNode and g_data is not None and _same_name(g_type, e_data[1]):
+            difference = saved_node_difference(given, e_data[1], vouched)
+            if difference is not None:
+                return f"{here} {difference}"
+            saved_fits = True
+        elif (g_data is not None and e_data is not None and g_type.__qualname__ ==
+              getattr(e_type, "__qualname__", None) and g_type.__module__ == e_type.__module__):
+            return (f"{here} is a {g_type.__module__}.{g_type.__qualname__} of another class "
+                    f"than the one the program was traced with (same name; jax.jit would trace "
+                    f"again): pass an instance of the traced class")
+        else:
+            return f"{here} is {_node_kind(g_data)} where the program takes {_node_kind(e_data)}"
     if g_data is None:
         return ""
     g_kids, e_kids = given.children(), expected.children()
+    if saved_fits:
+        for i, (g, e) in enumerate(zip(g_kids, e_kids)):
+            found = _first_difference(g, e, keys + (_key_text(e_data[1][2][i]),), vouched)
+            if found:
+                return found
+        return f"{here} differs in structure"
     if e_type in (dict, collections.OrderedDict, collections.defaultdict):
         g_keys, e_keys = _dict_keys(e_type, g_data[1]), _dict_keys(e_type, e_data[1])
         if g_keys != e_keys:
@@ -217,7 +267,7 @@ def _first_difference(given, expected, keys: tuple) -> str:
     child_keys = _child_keys(expected)
     for g, e, k in zip(g_kids, e_kids, child_keys):
         if g != e:
-            found = _first_difference(g, e, keys + (k,))
+            found = _first_difference(g, e, keys + (k,), vouched)
             if found:
                 return found
     if g_data[1] != e_data[1]:
@@ -226,22 +276,8 @@ def _first_difference(given, expected, keys: tuple) -> str:
     return f"{here} differs in structure"
 
 
-def _saved_node_keys(given, e_data):
-    """(given keys, saved keys) when ``given`` is a live node of the type a loaded
-    program's custom node was saved from, but with other keys; else None."""
-    from ..io.pytrees import SavedNode
-    if e_data is None or e_data[0] is not SavedNode or given.node_data() is None:
-        return None
-    module, qualname, saved = e_data[1]
-    g_type = given.node_data()[0]
-    if (g_type.__module__, g_type.__qualname__) != (module, qualname):
-        return None
-    from ..io.pytrees import SaveError, custom_node_keys
-    try:
-        keys = custom_node_keys(given, "arguments")
-    except SaveError:
-        return None
-    return (keys, saved) if keys != saved else None
+def _same_name(g_type, saved_aux) -> bool:
+    return (g_type.__module__, g_type.__qualname__) == (saved_aux[0], saved_aux[1])
 
 
 def _key_text(key: tuple) -> str:
