@@ -11,7 +11,7 @@ import pytest
 
 import jaxpr_cc
 from jaxpr_cc.backends.python_source import PythonEmitError
-from test_emit_python import CORPUS, _run_fresh
+from test_emit_python import CORPUS, _run_fresh, _trace
 
 
 @pytest.fixture(scope="module")
@@ -19,11 +19,7 @@ def emitted_after_pipeline(tmp_path_factory):
     out = tmp_path_factory.mktemp("emitted_pipeline")
     table = {}
     for prog in CORPUS:
-        try:
-            program = jaxpr_cc.trace(prog.fun, *prog.args, **prog.kwargs)
-        except Exception:
-            continue  # the frontend's limitation (test_emit_python names it)
-        program = jaxpr_cc.run_passes(program, jaxpr_cc.DEFAULT_PIPELINE)
+        program = jaxpr_cc.run_passes(_trace(prog), jaxpr_cc.DEFAULT_PIPELINE)
         path = out / f"p{prog.name}.py"
         try:
             jaxpr_cc.write_python(program, path)
