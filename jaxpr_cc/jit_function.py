@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -31,6 +32,7 @@ from .backends import xla
 # Importing the closure session registers its JAX user context, which lengthens
 # JAX's trace context: do it before the first cache key is made from that context.
 from .closure import session as _closure_session  # noqa: F401
+from .frontend.trace import innermost_function
 from .ir.program import Program
 from .jax_adapter import jit_resolved_argnums, trace_context
 
@@ -94,7 +96,11 @@ def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT,
     stand_in = JitFunction.shared(fun, pipeline, given)
     # jax.jit validates every keyword here and raises its own errors (a bad
     # static_argnums is its ValueError, not something found while tracing).
-    jitted = jax.jit(stand_in, **given)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jitted = jax.jit(stand_in, **given)
+    for w in caught:  # jax.jit's warnings (deprecated keywords) name the caller's line
+        warnings.warn(w.message, w.category, stacklevel=2)
     return stand_in._jaxpr_cc_state.attach(jitted, fun)
 
 
@@ -139,14 +145,16 @@ class _StandIn:
             value = getattr(fun, attr, None)
             if value is None:
                 value = getattr(inner, attr, None)
-            if value is not None:
+            if value is not None or attr == "__doc__":  # not this class's docstring
                 setattr(self, attr, value)
         if state._signature is not None:
             self.__signature__ = state._signature
 
     @property
     def __wrapped__(self):
-        return self._jaxpr_cc_state._fun
+        # JAX names a function in errors by unwrapping ``__wrapped__`` after removing
+        # partials: hand it the user's innermost function.
+        return innermost_function(self._jaxpr_cc_state._fun)
 
     def __call__(self, *args, **kwargs):
         return self._jaxpr_cc_state._staged_call(args, kwargs)

@@ -2,6 +2,7 @@
 each compared with what jax.jit does on the same function (values, shardings,
 donation, errors).  The tests' process has 8 host devices (tests/conftest.py)."""
 import dataclasses
+import functools
 import inspect
 import re
 import warnings
@@ -398,3 +399,25 @@ def test_unhashable_callable_fails_as_in_jax():
         jax.jit(Scale(2.0))(jnp.ones(3))
     with pytest.raises(TypeError, match="unhashable type: 'Scale'"):
         jaxpr_cc.jit(Scale(2.0))(jnp.ones(3))
+
+
+def test_errors_name_the_function_under_a_partial():
+    def my_user_fn(x, s):
+        return x if x > 0 else s
+
+    p = functools.partial(my_user_fn, s=2.0)
+    with pytest.raises(jax.errors.TracerBoolConversionError, match="tracing the function my_user_fn"):
+        jaxpr_cc.jit(p)(1.0)
+    with pytest.raises(jax.errors.TracerBoolConversionError, match="tracing the function my_user_fn"):
+        jaxpr_cc.trace(p, 1.0)
+
+
+def test_docstring_and_deprecation_warnings_as_in_jax():
+    def f(x):
+        return x
+
+    assert jaxpr_cc.jit(f).__doc__ == jax.jit(f).__doc__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jaxpr_cc.jit(f, device=jax.devices()[0])
+    assert [w.filename for w in caught if w.category is DeprecationWarning] == [__file__]

@@ -36,7 +36,13 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
     # (``__wrapped__``) so that JAX's errors name the user's function and arguments.
     def traced_fun(*args, **kwargs):
         return fun(*args, **kwargs)
-    functools.update_wrapper(traced_fun, fun, updated=())
+    inner = innermost_function(fun)
+    functools.update_wrapper(traced_fun, inner, updated=())
+    traced_fun.__wrapped__ = inner  # JAX's source location of the user's code
+    try:  # ... and the arguments as ``fun`` takes them (a partial binds some)
+        traced_fun.__signature__ = inspect.signature(fun)
+    except (TypeError, ValueError):
+        pass
 
     options = dict(closed_over=closed_over, max_forward_size=max_forward_size,
                    rule_depth=rule_depth)
@@ -47,12 +53,24 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
     out_tree = tree_util.tree_structure(out_shape)
     names = argument_names(fun, example_args, example_kwargs)
     program = Program.from_jaxpr(closed, in_tree=in_tree, out_tree=out_tree,
-                                 name=getattr(fun, "__name__", "program"), arg_names=names)
+                                 name=getattr(inner, "__name__", "program"), arg_names=names)
     if not program.is_first_order():
         # Rules JAX staged without us (e.g. a jit body cached before this trace):
         # materialize them from their thunks.
         convert_program(program, **options)
     return program
+
+
+def innermost_function(fun: Callable) -> Callable:
+    """The user's own function under partials and ``__wrapped__`` chains (what JAX's
+    error messages should name)."""
+    while True:
+        if isinstance(fun, functools.partial):
+            fun = fun.func
+        elif getattr(fun, "__wrapped__", None) is not None and callable(fun.__wrapped__):
+            fun = fun.__wrapped__
+        else:
+            return fun
 
 
 def argument_names(fun: Callable, args: tuple, kwargs: dict) -> list[str]:
