@@ -630,3 +630,98 @@ def test_a_full_stdout_is_one_line(model, tmp_path):
                               stdout=full, stderr=subprocess.PIPE, timeout=300)
     err = proc.stderr.decode()
     assert proc.returncode == 2 and len(err.splitlines()) == 1 and "stdout: cannot write" in err
+
+
+# ------------------------------------------- stdout closed, /dev/stdout, pipes as inputs
+def _run_with_fds(argv, close_stdout=False, **kwargs):
+    command = [sys.executable, "-m", "jaxpr_cc.cli.main", *map(str, argv)]
+    if close_stdout:  # as the shell's `>&-` does
+        command = ["sh", "-c", 'exec "$0" "$@" >&-', *command]
+    return subprocess.run(command, timeout=300, **kwargs)
+
+
+def test_a_command_writing_a_file_does_not_need_stdout(model, tmp_path):
+    out = tmp_path / "cl.jcc"
+    proc = _run_with_fds(["trace", f"{model}:f", "--args", "f32[5]", "-o", out],
+                         close_stdout=True, stderr=subprocess.PIPE)
+    assert proc.returncode == 0, proc.stderr.decode()
+    np.testing.assert_allclose(jaxpr_cc.load(out)(X), f_reference(X), rtol=1e-6)
+    np.save(tmp_path / "x.npy", X)
+    proc = _run_with_fds(["exec", out, "--inputs", tmp_path / "x.npy", "-o", tmp_path / "o.npz"],
+                         close_stdout=True, stderr=subprocess.PIPE)
+    assert proc.returncode == 0, proc.stderr.decode()
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["out0"], f_reference(X), rtol=1e-6)
+    # -o - with stdout closed: quiet, as for a reader that went away
+    proc = _run_with_fds(["trace", f"{model}:f", "--args", "f32[5]", "-o", "-"],
+                         close_stdout=True, stderr=subprocess.PIPE)
+    assert proc.returncode == 141 and proc.stderr == b"", proc.stderr.decode()
+
+
+@pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", "link"])
+def test_an_output_path_naming_stdout_is_stdout(tmp_path, name):
+    (tmp_path / "pr.py").write_text("def f(x):\n    print('user print')\n    return x * 2.0\n")
+    if name == "link":
+        os.symlink("/dev/stdout", tmp_path / "link")
+        name = tmp_path / "link"
+    if not os.path.exists("/proc/self/fd/1"):
+        pytest.skip("no /proc on this system")
+    # stdout is a pipe this test reads; the path is resolved by the child itself
+    proc = _run_with_fds(["trace", f"{tmp_path / 'pr.py'}:f", "--args", "f32[3]", "-o", name],
+                         capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()
+    np.testing.assert_allclose(loads(proc.stdout)(X[:3]), 2.0 * X[:3])
+    assert b"user print" in proc.stderr and b"PK" not in proc.stderr
+
+
+def test_exec_reads_its_program_and_inputs_from_pipes_and_fifos(model, tmp_path):
+    saved = tmp_path / "p.jcc"
+    jaxpr_cc.save(jaxpr_cc.trace(f_reference, X), saved)
+    np.save(tmp_path / "x.npy", X)
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    program_r, program_w = os.pipe()
+    inputs_r, inputs_w = os.pipe()
+
+    def feed(fd, data):
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+
+    def feed_fifo():
+        with open(fifo, "wb") as f:
+            f.write((tmp_path / "x.npy").read_bytes())
+
+    feeders = [threading.Thread(target=feed, args=(program_w, saved.read_bytes())),
+               threading.Thread(target=feed, args=(inputs_w, (tmp_path / "x.npy").read_bytes()))]
+    for t in feeders:
+        t.start()
+    proc = _run_with_fds(["exec", f"/dev/fd/{program_r}", "--inputs", f"/dev/fd/{inputs_r}",
+                          "-o", "-"], capture_output=True, pass_fds=(program_r, inputs_r))
+    for t in feeders:
+        t.join()
+    os.close(program_r)
+    os.close(inputs_r)
+    assert proc.returncode == 0, proc.stderr.decode()
+    np.testing.assert_allclose(np.load(io.BytesIO(proc.stdout))["out0"], f_reference(X),
+                               rtol=1e-6)
+    feeder = threading.Thread(target=feed_fifo)
+    feeder.start()
+    proc = _run_with_fds(["exec", saved, "--inputs", fifo, "-o", "-"], capture_output=True)
+    feeder.join()
+    assert proc.returncode == 0, proc.stderr.decode()
+    np.testing.assert_allclose(np.load(io.BytesIO(proc.stdout))["out0"], f_reference(X),
+                               rtol=1e-6)
+
+
+def test_exec_input_messages(tmp_path, capsys):
+    saved = tmp_path / "p.jcc"
+    jaxpr_cc.save(jaxpr_cc.trace(f_reference, X), saved)
+    np.save(tmp_path / "x.npy", X)
+    (tmp_path / "d").mkdir()
+    cases = [([saved, "--inputs", tmp_path / "d"], "is a directory"),
+             ([tmp_path / "d", "--inputs", tmp_path / "x.npy"], "is a directory"),
+             ([tmp_path / "nope.jcc", "--inputs", tmp_path / "x.npy"], "no such file"),
+             ([saved, "--inputs", tmp_path / "nope.npz"], "no such file")]
+    for argv, needle in cases:
+        assert main(["exec", *map(str, argv), "-o", str(tmp_path / "o.npz")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and needle in err, err

@@ -40,21 +40,22 @@ def run(args) -> int:
     import numpy as np
     from jax import tree_util
 
-    from ..io import is_saved_program
-    from .loading import is_executable, load_saved, read_npz
+    from .loading import is_executable, load_saved, read_input_bytes, read_npz
     from .output import check_writable, write_output
 
     check_writable(args.output)
     arrays = read_npz(args.inputs, "--inputs", single_name=SINGLE_ARRAY)
-    if args.program == "-" or is_saved_program(args.program) or not is_executable(args.program):
+    # Read once: the program may come from a pipe or FIFO (`<(cat p.jcc)`, `-`).
+    data = read_input_bytes(args.program, "program")
+    if not is_executable(data):
         # (a file that is neither gets the saved-program reader's precise complaint)
-        program = load_saved(args.program)
+        program = load_saved(args.program, data)
         avals = [v.aval for v in program.arg_values]
         names = [v.name for v in program.arg_values]
         leaves = match_inputs(arrays, avals, names, args.inputs)
         call, in_tree = program, program.in_tree
     else:
-        exe = _load_executable(args.program)
+        exe = _load_executable(args.program, data)
         avals = list(exe.arg_avals)
         leaves = match_inputs(arrays, avals, [None] * len(avals), args.inputs)
         call, in_tree = exe, exe.in_tree
@@ -71,18 +72,35 @@ def run(args) -> int:
     return 0
 
 
-def _load_executable(path: str):
-    """A compiled executable (``is_executable(path)`` holds: a bounded sniff, so no
-    archive is decompressed before it is known to be one)."""
+def _load_executable(path: str, data: bytes):
+    """A compiled executable from ``data``, the bytes read from ``path``
+    (``is_executable(data)`` holds: a bounded sniff, so no archive is decompressed
+    before it is known to be one)."""
+    import os
+    import stat
+    import tempfile
     try:
         from ..backends.xla import load_executable
     except ImportError as e:
         raise CliError(f"{path}: loading compiled executables is not available in this build "
                        f"({e})") from None
     try:
-        return load_executable(path)
+        if path != "-" and stat.S_ISREG(os.stat(path).st_mode):
+            return load_executable(path)
+        # The loader reads a file by name; bytes from a pipe are spooled to a private
+        # temporary file, and its name is replaced by the user's in messages.
+        with tempfile.TemporaryDirectory(prefix="jaxpr-cc-exec-") as tmp:
+            spooled = os.path.join(tmp, "program.xla")
+            with open(spooled, "wb") as f:
+                f.write(data)
+            try:
+                return load_executable(spooled)
+            except ValueError as e:
+                raise ValueError(str(e).replace(spooled, path)) from None
     except ValueError as e:  # the XLA backend's LoadError is a ValueError
         raise CliError(" ".join(str(e).split())) from None
+    except OSError as e:
+        raise CliError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def _host(leaf):

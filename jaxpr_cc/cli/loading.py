@@ -63,13 +63,13 @@ def read_npz(path: str, what: str, single_name: str | None = None) -> dict:
     """The arrays of an ``.npz`` file (numeric data only: pickles are refused).  A
     single-array ``.npy`` file is read as ``{single_name: array}`` when the caller
     takes one (``arg0``: a program of one argument)."""
+    import io
     import zipfile
 
     import numpy as np
-    if not os.path.isfile(path):
-        raise CliError(f"{path}: no such file ({what})")
+    raw = read_input_bytes(path, what)
     try:
-        data = np.load(path, allow_pickle=False)
+        data = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
         raise CliError(f"{path}: cannot read as an .npz archive or .npy array ({what}): "
                        f"{' '.join(str(e).split())[:200]}") from None
@@ -83,6 +83,24 @@ def read_npz(path: str, what: str, single_name: str | None = None) -> dict:
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
         raise CliError(f"{path}: cannot read as an .npz archive of arrays ({what}): "
                        f"{' '.join(str(e).split())[:200]}") from None
+
+
+def read_input_bytes(path: str, what: str) -> bytes:
+    """The whole content of an input file, read once (``-`` is stdin): pipes, FIFOs
+    and ``<(...)`` process substitutions work like regular files."""
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file ({what})") from None
+    except IsADirectoryError:
+        raise CliError(f"{path}: is a directory, expected a file ({what})") from None
+    except PermissionError:
+        raise CliError(f"{path}: permission denied ({what})") from None
+    except OSError as e:
+        raise CliError(f"{path}: cannot read ({what}): {e.strerror or e}") from None
 
 
 def positional_args_from_npz(path: str) -> tuple:
@@ -195,30 +213,36 @@ def trace_target(target: str, args_spec: str | None, args_from: str | None = Non
                        f"{' '.join(str(e).split())[:600]}") from e
 
 
-def load_saved(target: str):
-    """A saved program from a file (or ``-`` for stdin)."""
+def load_saved(target: str, data: bytes | None = None):
+    """A saved program from a file (or ``-`` for stdin), or from ``data``, the bytes
+    already read from ``target``."""
     import jaxpr_cc
     from jaxpr_cc.io import LoadError, loads
     from .progress import progress
     try:
         with progress(f"loading {target}"):
+            if data is not None:
+                return loads(data, name="<stdin>" if target == "-" else target)
             if target == "-":
                 return loads(sys.stdin.buffer.read(), name="<stdin>")
             return jaxpr_cc.load(target)
     except LoadError as e:
-        if target != "-" and is_executable(target):
+        if target != "-" and is_executable(target if data is None else data):
             raise CliError(f"{target}: is a compiled executable (from `jaxpr-cc compile`), not a "
                            f"saved program; run it with `jaxpr-cc exec`") from e
         raise CliError(str(e)) from e
 
 
-def is_executable(path: str) -> bool:
+def is_executable(path_or_data: str | bytes) -> bool:
     """A bounded sniff for the XLA backend's executable files (a zip whose small
-    manifest names that format); never decompresses more than 1 MiB."""
+    manifest names that format), given a path or the file's bytes; never
+    decompresses more than 1 MiB."""
+    import io
     import json
     import zipfile
+    source = io.BytesIO(path_or_data) if isinstance(path_or_data, bytes) else path_or_data
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(source) as zf:
             info = zf.getinfo("manifest.json")
             if info.file_size > (1 << 20):
                 return False

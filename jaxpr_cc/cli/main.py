@@ -74,12 +74,14 @@ def _accept_debug_everywhere(subparsers) -> None:
 
 
 def main(argv=None) -> int:
-    from .output import STDOUT_CLOSED_CODE, StdoutClosed, silence_stdout, \
+    from .output import STDOUT_CLOSED_CODE, StdoutClosed, results_path, silence_stdout, \
         stdout_reserved_for_results
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command in RUN_USER_CODE:
+            if getattr(args, "output", None):  # -o /dev/stdout is -o - (see results_path)
+                args.output = results_path(args.output)
             with stdout_reserved_for_results():
                 code = args.run(args)
         else:

@@ -12,11 +12,17 @@ to the real stdout through :func:`write_stdout`.
 
 A reader that goes away (``jaxpr-cc exec ... -o - | head -c 10``) ends the command
 quietly with exit code 141, what a shell reports for ``cat`` killed by SIGPIPE
-(:class:`StdoutClosed`)."""
+(:class:`StdoutClosed`); so does ``-o -`` when the command started with stdout closed
+(``>&-``), while a command writing to a file does not need stdout.
+
+``-o /dev/stdout`` (``/dev/fd/1``, ``/proc/self/fd/1``) is ``-o -``
+(:func:`results_path`): opened by name while fd 1 points at stderr, it would reach
+stderr."""
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 
 from .errors import CliError
@@ -27,6 +33,7 @@ STDOUT = "-"
 # descriptor, as under pytest's capsys) while stdout_reserved_for_results is active.
 _results_fd: int | None = None
 _results_stream = None
+_results_closed = False  # the command started with stdout closed
 
 STDOUT_CLOSED_CODE = 141  # 128 + SIGPIPE
 
@@ -37,35 +44,55 @@ class StdoutClosed(Exception):
 
 @contextlib.contextmanager
 def stdout_reserved_for_results():
-    global _results_fd, _results_stream
+    global _results_fd, _results_stream, _results_closed
     real = sys.stdout
-    try:
-        real.flush()
-    except (OSError, ValueError):
-        pass
+    closed = real is None  # Python's sys.stdout when fd 1 was closed at start-up
+    if not closed:
+        try:
+            real.flush()
+        except (OSError, ValueError):
+            pass
     fd = _fileno(real)
     err_fd = _fileno(sys.stderr)
     saved_fd = None
+    borrowed_fd_one = False
     if fd is not None and err_fd is not None:
         saved_fd = os.dup(fd)
         os.set_inheritable(saved_fd, False)
         os.dup2(err_fd, fd)  # C code and child processes writing to fd 1 reach stderr
-    old = (_results_fd, _results_stream)
-    _results_fd, _results_stream = saved_fd, (None if saved_fd is not None else
+    elif closed and err_fd is not None and not _is_open(1):
+        # fd 1 is free: without this, a file the command opens could become fd 1 and
+        # receive what C code writes to "stdout"
+        os.dup2(err_fd, 1)
+        borrowed_fd_one = True
+    old = (_results_fd, _results_stream, _results_closed)
+    _results_fd, _results_stream = saved_fd, (None if saved_fd is not None or closed else
                                               getattr(real, "buffer", None))
+    _results_closed = closed
     sys.stdout = sys.stderr
     try:
         yield
     finally:
         try:
-            sys.stderr.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
         except (OSError, ValueError):
             pass
         sys.stdout = real
-        _results_fd, _results_stream = old
+        _results_fd, _results_stream, _results_closed = old
         if saved_fd is not None:
             os.dup2(saved_fd, fd)
             os.close(saved_fd)
+        if borrowed_fd_one:
+            os.close(1)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _fileno(stream) -> int | None:
@@ -76,6 +103,8 @@ def _fileno(stream) -> int | None:
 
 
 def stdout_is_terminal() -> bool:
+    if _results_closed:
+        return False
     if _results_fd is not None:
         return os.isatty(_results_fd)
     isatty = getattr(sys.stdout, "isatty", None)
@@ -85,6 +114,9 @@ def stdout_is_terminal() -> bool:
 def write_stdout(data: bytes | str) -> None:
     """A command result to the real stdout (see the module docstring)."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    if _results_closed or (_results_fd is None and _results_stream is None
+                           and sys.stdout is None):
+        raise StdoutClosed()  # stdout was closed from the start (`>&-`)
     try:
         if _results_fd is not None:
             view = memoryview(raw)
@@ -116,8 +148,38 @@ def silence_stdout() -> None:
         os.close(devnull)
 
 
+# Names of the process's own file descriptor 1, once their directory is resolved.
+_FD_ONE = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd/1")
+
+
+def results_path(path: str) -> str:
+    """``-`` for a path naming the process's own stdout (``/dev/stdout``,
+    ``/dev/fd/1``, ``/proc/self/fd/1``, a symlink to one of them), else ``path``.
+    While stdout is reserved, fd 1 points at stderr, so such a path opened by name
+    would reach stderr; it is recognised by name, before anything is opened."""
+    if path == STDOUT:
+        return path
+    current = path
+    for _ in range(40):  # the kernel's limit on nested symlinks
+        head, tail = os.path.split(os.path.abspath(current))
+        try:
+            resolved = os.path.join(os.path.realpath(head), tail)
+        except (OSError, ValueError):
+            return path
+        match = _FD_ONE.fullmatch(resolved)
+        if match and int(match.group(1)) == os.getpid():
+            return STDOUT
+        try:
+            target = os.readlink(resolved)
+        except (OSError, ValueError):
+            return path
+        current = os.path.join(os.path.dirname(resolved), target)
+    return path
+
+
 def write_output(path: str, data: bytes | str) -> None:
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    path = results_path(path)
     if path == STDOUT:
         if not isinstance(data, str) and stdout_is_terminal():
             raise CliError("-o -: refusing to write a binary file to a terminal; redirect "
@@ -144,7 +206,7 @@ def write_errors(path: str):
 def check_writable(path: str) -> None:
     """Fail early (before a long step) when ``path`` cannot be written; the same
     rules as the file writer's (:func:`jaxpr_cc.io.atomic.check_path`)."""
-    if path == STDOUT:
+    if results_path(path) == STDOUT:
         return
     from ..io.atomic import check_path
     from ..io.errors import SaveError
