@@ -234,8 +234,8 @@ class JitFunction:
             self._resolved = True
         jax_clear_cache = type(jitted).clear_cache
         jitted_ref = weakref.ref(jitted)
-        jitted.program = self.program
-        jitted.executable = self.executable
+        jitted.program = _holding(fun, self.program)
+        jitted.executable = _holding(fun, self.executable)
         jitted.cache_size = self.cache_size
 
         def clear_cache() -> None:
@@ -408,6 +408,17 @@ class JitFunction:
 
 
 # --------------------------------------------------------------------- helpers
+def _holding(fun: Callable, method: Callable) -> Callable:
+    """``method`` of the state (which holds ``fun`` weakly) as a function that keeps
+    ``fun`` alive, so that it works after the jit object is gone
+    (``jaxpr_cc.jit(lambda a: ...).program(x)``)."""
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        return method(*args, **kwargs)
+    call.jaxpr_cc_function = fun
+    return call
+
+
 def _fun_name(fun: Any) -> str:
     while isinstance(fun, functools.partial):
         fun = fun.func

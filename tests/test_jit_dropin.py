@@ -421,3 +421,11 @@ def test_docstring_and_deprecation_warnings_as_in_jax():
         warnings.simplefilter("always")
         jaxpr_cc.jit(f, device=jax.devices()[0])
     assert [w.filename for w in caught if w.category is DeprecationWarning] == [__file__]
+
+
+def test_program_and_executable_of_a_dropped_jit_object():
+    x = jnp.ones(3)
+    program = jaxpr_cc.jit(lambda a: a * 2).program(x)
+    np.testing.assert_array_equal(program(x), x * 2)
+    executable = jaxpr_cc.jit(lambda a: a * 3).executable
+    np.testing.assert_array_equal(executable(x)(x), x * 3)

@@ -64,7 +64,9 @@ def dumps(program) -> bytes:
     the file is loaded."""
     from .encode import encode_program
     if not hasattr(program, "body") or not hasattr(program, "in_tree"):
-        raise SaveError(f"expected a jaxpr_cc.Program, got {type(program).__name__}")
+        hint = ("; a compiled executable saves itself: executable.save(path)"
+                if hasattr(program, "save") else "")
+        raise SaveError(f"expected a jaxpr_cc.Program, got {type(program).__name__}{hint}")
     with _gc_paused():
         program_json, arrays = encode_program(program)
         data = container.pack_archive(container.build_entries(program_json, arrays, _versions()))
