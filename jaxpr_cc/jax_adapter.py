@@ -860,7 +860,9 @@ def registered_primitives() -> dict[str, str]:
             continue
     found: dict[str, str] = {}
     for name, module in list(sys.modules.items()):
-        if not name.startswith("jax"):
+        # Only jax._src: what else is imported (jax.experimental, jaxpr_cc itself)
+        # depends on which code ran before, and the answer must not.
+        if not name.startswith("jax._src."):
             continue
         for value in list(vars(module).values()):
             if isinstance(value, _core.Primitive):
