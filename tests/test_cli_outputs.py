@@ -725,3 +725,21 @@ def test_exec_input_messages(tmp_path, capsys):
         assert main(["exec", *map(str, argv), "-o", str(tmp_path / "o.npz")]) == 2
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_exec_names_inputs_that_mix_positional_and_argument_names(tmp_path, capsys):
+    def two(a, b):
+        return a + b
+
+    saved = tmp_path / "two.jcc"
+    jaxpr_cc.save(jaxpr_cc.trace(two, X, X), saved)
+    np.savez(tmp_path / "mixed.npz", arg0=np.asarray(X), b=np.asarray(X))
+    assert main(["exec", str(saved), "--inputs", str(tmp_path / "mixed.npz"),
+                 "-o", str(tmp_path / "o.npz")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "mixes positional names ['arg0']" in err, err
+    np.savez(tmp_path / "half.npz", a=np.asarray(X))
+    assert main(["exec", str(saved), "--inputs", str(tmp_path / "half.npz"),
+                 "-o", str(tmp_path / "o.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "missing ['b']" in err, err

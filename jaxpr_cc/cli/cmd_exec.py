@@ -129,9 +129,18 @@ def match_inputs(arrays: dict, avals: list, names: list, where: str) -> list:
     else:
         expected = ", ".join(by_position[:6]) + (", ..." if n > 6 else "")
         named = (" or " + ", ".join(names[:6]) + (", ..." if n > 6 else "")) if all(names) else ""
-        extra = sorted(keys - set(by_position) - {name for name in names if name})
-        missing = [k for k in by_position if k not in keys]
-        detail = (f"unexpected {extra[:4]}" if extra else f"missing {missing[:4]}")
+        named_set = {name for name in names if name}
+        extra = sorted(keys - set(by_position) - named_set)
+        positional = sorted(keys & set(by_position))
+        by_name = sorted(keys & named_set - set(by_position))
+        if extra:
+            detail = f"unexpected {extra[:4]}"
+        elif positional and by_name:
+            detail = (f"it mixes positional names {positional[:4]} with argument names "
+                      f"{by_name[:4]}; use one kind")
+        else:
+            scheme = names if by_name else by_position
+            detail = f"missing {[k for k in scheme if k not in keys][:4]}"
         raise CliError(f"{where}: expected {n} arrays named {expected}{named}; {detail}")
     return [_weak_if_traced_so(_convert(arrays[key], aval, key, where), aval)
             for key, aval in zip(order, avals)]
