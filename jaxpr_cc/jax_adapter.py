@@ -214,6 +214,19 @@ def weak_device_array(host_array):
     return _lax._convert_element_type(host_array, host_array.dtype, weak_type=True)
 
 
+def weakly_typed(x):
+    """``x`` (traced or not) as a weakly typed value of the same dtype, as a Python
+    scalar result of ``jax.jit`` is."""
+    from jax._src.lax import lax as _lax
+    return _lax._convert_element_type(x, x.dtype, weak_type=True)
+
+
+def lowered_out_weak_types(lowered) -> list[bool]:
+    """Which results of a ``jax.jit(...).lower(...)`` are weakly typed (its public
+    ``out_info`` drops weak types)."""
+    return [bool(a.weak_type) for a in lowered._lowering.compile_args["global_out_avals"]]
+
+
 def known_effects() -> dict[str, Any]:
     """JAX's singleton effect objects, by a stable name used in saved programs."""
     from jax._src import callback, debugging

@@ -436,3 +436,18 @@ def test_cli_compile_writes_a_loadable_executable(tmp_path, capsys):
                  "-p", "no-such-pass"])
     assert code == 2
     assert "unknown pass 'no-such-pass'" in capsys.readouterr().err
+
+
+def test_saved_executable_keeps_weakly_typed_results(tmp_path):
+    # A Python-scalar result is weakly typed in jax.jit, so it does not promote a
+    # bfloat16 operand later; a saved and loaded executable must agree.
+    def f(x):
+        return x * 2, 2.5, 3
+
+    x = jnp.ones(3, jnp.bfloat16)
+    path = tmp_path / "f.jxe"
+    jaxpr_cc.jit(f).executable(x).save(path)
+    got = xla.load_executable(path)(x)
+    want = jax.jit(f)(x)
+    assert [r.weak_type for r in got] == [r.weak_type for r in want] == [False, True, True]
+    assert (got[1] + x).dtype == (want[1] + x).dtype == jnp.bfloat16

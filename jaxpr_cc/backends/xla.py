@@ -20,6 +20,7 @@ from jax import tree_util
 
 from ..ir.calling_convention import check_argument_types
 from ..ir.program import Program
+from .. import jax_adapter as jx
 from ..jax_adapter import compiled_fast_call, jaxpr_as_fun, named_sharding_from_hlo
 from . import xla_archive
 from .xla_archive import LoadError, SaveError
@@ -429,6 +430,8 @@ def save_executable(exe: Executable, path: str) -> None:
         "out_tree": out_tree,
         "params": params,
         "weak_types": [bool(getattr(a, "weak_type", False)) for a in exe._input_avals],
+        # Results that are Python scalars in jax.jit are weakly typed (jax.export drops it).
+        "out_weak_types": jx.lowered_out_weak_types(exe._lowered),
         "donated": list(exe._donated),
         "layout": layout,
     }
@@ -567,8 +570,14 @@ def load_executable(path: str) -> Executable:
     if donated:
         jit_kwargs["donate_argnums"] = tuple(n_params + i for i in donated)
 
+    out_weak = manifest.get("out_weak_types", [False] * len(out_avals))  # older files: none
+    if not (isinstance(out_weak, list) and len(out_weak) == len(out_avals)
+            and all(isinstance(w, bool) for w in out_weak)):
+        raise bad("manifest out_weak_types must list one bool per output")
+
     def tree_fun(*flat):
-        return tree_util.tree_unflatten(out_tree, exported.call(*flat))
+        outs = [jx.weakly_typed(x) if w else x for x, w in zip(exported.call(*flat), out_weak)]
+        return tree_util.tree_unflatten(out_tree, outs)
     _name_function(tree_fun, name)
     try:
         lowered = jax.jit(tree_fun, **jit_kwargs).lower(*_specs(in_avals))
