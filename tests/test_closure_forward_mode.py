@@ -102,3 +102,29 @@ def test_custom_jvp_while_solver_has_reverse_and_second_derivatives():
     t = (jnp.ones(2), jnp.ones(2))
     np.testing.assert_allclose(jax.jvp(program, (a, x), t)[1], jax.jvp(exact, (a, x), t)[1],
                                rtol=1e-5)
+
+
+def test_emitted_python_forms_the_same_complex_closed_over_gradient(tmp_path):
+    import importlib.util
+
+    a = jnp.array([0.3 + 0.2j, -0.1 + 0.4j], jnp.complex64)
+    x = jnp.array([1.0 + 0.5j, 0.2 - 0.3j], jnp.complex64)
+
+    def loss(a, x):
+        z = contraction_solver(a)(x)
+        return jnp.real(jnp.sum(z * jnp.conj(z))) + jnp.sum(jnp.imag(z))
+
+    program = jaxpr_cc.trace(loss, a, x)
+    path = tmp_path / "emitted_loss.py"
+    jaxpr_cc.write_python(program, path)
+    spec = importlib.util.spec_from_file_location("emitted_loss", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    emitted = getattr(module, program.name)
+
+    def reference(a, x):
+        z = unrolled(a, x)
+        return jnp.real(jnp.sum(z * jnp.conj(z))) + jnp.sum(jnp.imag(z))
+
+    np.testing.assert_allclose(jax.grad(emitted)(a, x), jax.grad(reference)(a, x),
+                               rtol=2e-4, atol=1e-6)

@@ -205,36 +205,38 @@ class _Saved:
 
 
 def _forward_const_cotangents(primal, consts, args, hot, cts, outs):
-    """Cotangents of the perturbed closed-over operands by forward mode: one jvp per
-    element (vmapped), contracted with the output cotangents (works through
-    while_loop, where reverse mode does not)."""
-    hot_vals = [consts[i] for i in hot]
-    sizes = [int(np.prod(jnp.shape(v))) for v in hot_vals]
+    """Cotangents of the perturbed closed-over operands by forward mode (works
+    through while_loop, where reverse mode does not): one jvp per real direction of
+    each operand (vmapped), paired with the output cotangents as JAX pairs them,
+    Re(sum(ct * t)); a complex operand has directions 1 and 1j per element and gets
+    pair(1) - 1j * pair(1j).  Pairings accumulate in the operand's real dtype."""
+    got = []
+    for i in hot:
+        value = consts[i]
+        shape, dtype = jnp.shape(value), jnp.result_type(value)
+        real_dtype = jnp.finfo(dtype).dtype
+        n = int(np.prod(shape))
 
-    def f(*values):
-        full = list(consts)
-        for i, v in zip(hot, values):
+        def f(v, i=i):
+            full = list(consts)
             full[i] = v
-        return primal(*full, *args)
+            return primal(*full, *args)
 
-    def column(e):
-        tangents, off = [], 0
-        for v, s in zip(hot_vals, sizes):
-            tangents.append(e[off:off + s].reshape(jnp.shape(v)).astype(jnp.result_type(v)))
-            off += s
-        _, t_out = jax.jvp(f, tuple(hot_vals), tuple(tangents))
-        total = jnp.zeros((), jnp.float32)
-        for t, ct, (_, dtype) in zip(t_out, cts, outs):
-            if jnp.issubdtype(dtype, jnp.inexact):
-                total = total + jnp.sum(jnp.real(t * jnp.conj(ct)) if jnp.iscomplexobj(t)
-                                        else t * ct).astype(jnp.float32)
-        return total
+        def pair(tangent, f=f, value=value, real_dtype=real_dtype):
+            _, t_out = jax.jvp(f, (value,), (tangent,))
+            total = jnp.zeros((), real_dtype)
+            for t, ct, (_, out_dtype) in zip(t_out, cts, outs):
+                if jnp.issubdtype(out_dtype, jnp.inexact) and ct is not None:
+                    total = total + jnp.real(jnp.sum(t * ct)).astype(real_dtype)
+            return total
 
-    flat = jax.vmap(column)(jnp.eye(sum(sizes), dtype=jnp.float32))
-    got, off = [], 0
-    for v, s in zip(hot_vals, sizes):
-        got.append(flat[off:off + s].reshape(jnp.shape(v)).astype(jnp.result_type(v)))
-        off += s
+        eye = jnp.eye(n, dtype=real_dtype).reshape((n, *shape))
+        if jnp.issubdtype(dtype, jnp.complexfloating):
+            pairs = jax.vmap(pair)(jnp.concatenate([eye.astype(dtype), (1j * eye).astype(dtype)]))
+            ct_value = pairs[:n] - 1j * pairs[n:].astype(dtype)
+        else:
+            ct_value = jax.vmap(pair)(eye.astype(dtype))
+        got.append(ct_value.reshape(shape).astype(dtype))
     return got
 
 
