@@ -4,6 +4,10 @@ Each program calls one custom function object several times while the values it
 closes over change between the calls; the reference is JAX itself, which traces
 every call afresh.
 """
+import array
+import collections
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -159,3 +163,59 @@ def test_unchanged_closure_is_traced_once():
     assert program(jnp.float32(1.0), jnp.float32(0.5)) == pytest.approx(
         float(many(jnp.float32(1.0), jnp.float32(0.5))), rel=1e-6)
     assert len(bodies) == 1
+
+
+class _ClassData:
+    c = 2.0
+
+
+_MODULE = types.ModuleType("closure_reuse_config")
+_MODULE.c = 2.0
+
+
+class _Slotted:
+    __slots__ = ("c",)
+
+    def __init__(self):
+        self.c = 2.0
+
+
+class _WithMethod:
+    k = 2.0
+
+    def scale(self, x):
+        return self.k * x
+
+
+_SLOTTED, _ARRAY, _DEQUE, _OBJ = _Slotted(), array.array("d", [2.0]), collections.deque([2.0]), \
+    _WithMethod()
+
+STATE_READERS = {
+    "class attribute": (lambda x: _ClassData.c * x, lambda v: setattr(_ClassData, "c", v)),
+    "module attribute": (lambda x: _MODULE.c * x, lambda v: setattr(_MODULE, "c", v)),
+    "slot": (lambda x: _SLOTTED.c * x, lambda v: setattr(_SLOTTED, "c", v)),
+    "array.array": (lambda x: _ARRAY[0] * x, lambda v: _ARRAY.__setitem__(0, v)),
+    "deque": (lambda x: _DEQUE[0] * x, lambda v: _DEQUE.__setitem__(0, v)),
+    "class attribute via self": (lambda x: _OBJ.scale(x), lambda v: setattr(_WithMethod, "k", v)),
+}
+
+
+@pytest.mark.parametrize("reader", list(STATE_READERS))
+def test_state_read_through_attributes_and_containers(reader):
+    body, set_c = STATE_READERS[reader]
+    f = jax.custom_jvp(body)
+    f.defjvp(lambda p, t: (body(p[0]), body(t[0])))
+
+    def g(x):
+        a = f(x)
+        set_c(3.0)
+        try:
+            b = f(x)
+        finally:
+            set_c(2.0)
+        return a + 10 * b
+
+    x = jnp.float32(1.5)
+    program = jaxpr_cc.trace(g, x)
+    assert float(program(x)) == float(g(x)) == 48.0
+    assert float(jax.grad(program)(x)) == float(jax.grad(g)(x)) == 32.0

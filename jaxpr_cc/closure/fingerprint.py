@@ -18,6 +18,8 @@ too large to be worth it, the answer is ``None``: the caller then never reuses.
 """
 from __future__ import annotations
 
+import array
+import collections
 import functools
 import types
 from typing import Any
@@ -73,9 +75,11 @@ class Fingerprinter:
         if isinstance(obj, types.ModuleType):
             return ("module", obj.__name__)
         if isinstance(obj, type):
-            return self._opaque(obj)
-        if isinstance(obj, (tuple, list)):
+            return ("class", self._opaque(obj), self._data_attributes(obj))
+        if isinstance(obj, (tuple, list, collections.deque)):
             return (type(obj), tuple(self(x) for x in obj))
+        if isinstance(obj, array.array):
+            return ("array", obj.typecode, obj.tobytes())
         if isinstance(obj, dict):
             return (type(obj), tuple((self(k), self(v)) for k, v in obj.items()))
         if isinstance(obj, (set, frozenset)):
@@ -89,19 +93,41 @@ class Fingerprinter:
             return ("partial", self(obj.func), self(obj.args), self(obj.keywords))
         if isinstance(obj, (types.BuiltinFunctionType, types.CodeType)):
             return self._opaque(obj)
+        if _is_array_like(obj):
+            return self._opaque(obj)
         attrs = getattr(obj, "__dict__", None)
-        if isinstance(attrs, dict) and not _is_array_like(obj):
+        slots = tuple(n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())
+                      if isinstance(n, str) and hasattr(obj, n))
+        if isinstance(attrs, dict) or slots:
             self.keepalive.append(obj)
-            return ("object", type(obj), id(obj), self(attrs))
+            return ("object", self(type(obj)), id(obj), self(attrs),
+                    tuple((n, self(getattr(obj, n))) for n in slots))
         return self._opaque(obj)
+
+    def _data_attributes(self, cls: type) -> tuple:
+        """A class's data attributes (not its methods): rules read them as
+        ``Cls.c`` or ``self.c``, and they can be rebound between calls."""
+        out = []
+        for c in cls.__mro__:
+            if c is object or c.__module__ == "builtins":
+                continue
+            for name, value in vars(c).items():
+                if not name.startswith("__") and _is_data(value):
+                    out.append((c.__qualname__, name, self(value)))
+        return tuple(out)
 
     def _function(self, fn: types.FunctionType) -> tuple:
         self.keepalive.append(fn)
         cells = tuple(self(_cell_contents(c)) for c in (fn.__closure__ or ()))
         g = fn.__globals__
-        names = tuple(n for n in sorted(_global_names(fn.__code__)) if n in g)
+        code_names = _global_names(fn.__code__)
+        names = tuple(n for n in sorted(code_names) if n in g)
+        # A module a rule names (``config.dt``): the data attributes its code names.
+        module_data = tuple(
+            (n, a, self(getattr(g[n], a))) for n in names if isinstance(g[n], types.ModuleType)
+            for a in sorted(code_names) if _is_data(getattr(g[n], a, None)))
         return ("function", fn.__code__, cells, self(fn.__defaults__), self(fn.__kwdefaults__),
-                tuple((n, self(g[n])) for n in names))
+                tuple((n, self(g[n])) for n in names), module_data)
 
 
 def fingerprint(obj, keepalive: list, max_nodes: int = MAX_NODES):
@@ -129,6 +155,13 @@ def _global_names(code: types.CodeType) -> frozenset:
         if isinstance(c, types.CodeType):
             names |= _global_names(c)
     return frozenset(names)
+
+
+def _is_data(value) -> bool:
+    """Plain data an attribute can hold (not functions, classes, modules or
+    descriptors): what a rebinding between two calls can change."""
+    return value is not None and not callable(value) and not isinstance(
+        value, (types.ModuleType, staticmethod, classmethod, property))
 
 
 def _is_array_like(obj) -> bool:
