@@ -77,11 +77,12 @@ class Fingerprinter:
         if isinstance(obj, type):
             return ("class", self._opaque(obj), self._data_attributes(obj))
         if isinstance(obj, (tuple, list, collections.deque)):
-            return (type(obj), tuple(self(x) for x in obj))
+            return (type(obj), tuple(self(x) for x in tuple(obj)))
         if isinstance(obj, array.array):
             return ("array", obj.typecode, obj.tobytes())
         if isinstance(obj, dict):
-            return (type(obj), tuple((self(k), self(v)) for k, v in obj.items()))
+            # A snapshot: reading an attribute can import lazily and grow a dict.
+            return (type(obj), tuple((self(k), self(v)) for k, v in list(obj.items())))
         if isinstance(obj, (set, frozenset)):
             return self._opaque(obj) if not all(isinstance(x, _SCALARS) for x in obj) else (
                 type(obj), tuple(sorted(map(repr, obj))))
@@ -111,7 +112,7 @@ class Fingerprinter:
         for c in cls.__mro__:
             if c is object or c.__module__ == "builtins":
                 continue
-            for name, value in vars(c).items():
+            for name, value in list(vars(c).items()):
                 if not name.startswith("__") and _is_data(value):
                     out.append((c.__qualname__, name, self(value)))
         return tuple(out)
@@ -136,7 +137,7 @@ def fingerprint(obj, keepalive: list, max_nodes: int = MAX_NODES):
     try:
         out = Fingerprinter(keepalive, max_nodes)(obj)
         hash(out)
-    except (_TooBig, TypeError, RecursionError):
+    except Exception:  # too large, unhashable, or reading an attribute failed
         return None
     return out
 
