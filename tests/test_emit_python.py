@@ -91,15 +91,13 @@ def without_rule_bodies(text: str) -> str:
                   "\n".join(kept))
 
 
-@pytest.fixture(scope="module")
-def emitted(tmp_path_factory):
+def emit_corpus(out: pathlib.Path, prefix: str, prepare=lambda program: program) -> dict:
     """name -> (program, written module path or the PythonEmitError) for every corpus
-    program."""
-    out = tmp_path_factory.mktemp("emitted")
+    program, each traced and passed through ``prepare`` before emission."""
     table = {}
     for prog in CORPUS:
-        program = _trace(prog)
-        path = out / f"m{prog.name}.py"
+        program = prepare(_trace(prog))
+        path = out / f"{prefix}{prog.name}.py"
         try:
             jaxpr_cc.write_python(program, path)
         except PythonEmitError as e:
@@ -107,6 +105,11 @@ def emitted(tmp_path_factory):
             continue
         table[prog.name] = (program, path)
     return table
+
+
+@pytest.fixture(scope="module")
+def emitted(tmp_path_factory):
+    return emit_corpus(tmp_path_factory.mktemp("emitted"), "m")
 
 
 @pytest.mark.parametrize("prog", CORPUS, ids=lambda p: p.name)

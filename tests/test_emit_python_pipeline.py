@@ -11,23 +11,13 @@ import pytest
 
 import jaxpr_cc
 from jaxpr_cc.backends.python_source import PythonEmitError
-from test_emit_python import CORPUS, _run_fresh, _trace
+from test_emit_python import CORPUS, _run_fresh, emit_corpus
 
 
 @pytest.fixture(scope="module")
 def emitted_after_pipeline(tmp_path_factory):
-    out = tmp_path_factory.mktemp("emitted_pipeline")
-    table = {}
-    for prog in CORPUS:
-        program = jaxpr_cc.run_passes(_trace(prog), jaxpr_cc.DEFAULT_PIPELINE)
-        path = out / f"p{prog.name}.py"
-        try:
-            jaxpr_cc.write_python(program, path)
-        except PythonEmitError as e:
-            table[prog.name] = (program, e)
-            continue
-        table[prog.name] = (program, path)
-    return table
+    return emit_corpus(tmp_path_factory.mktemp("emitted_pipeline"), "p",
+                       lambda program: jaxpr_cc.run_passes(program, jaxpr_cc.DEFAULT_PIPELINE))
 
 
 def test_pipeline_output_emits_for_every_traceable_program(emitted_after_pipeline):
