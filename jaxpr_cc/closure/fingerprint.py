@@ -22,6 +22,7 @@ import array
 import collections
 import functools
 import types
+import warnings
 from typing import Any
 
 import numpy as np
@@ -125,10 +126,19 @@ class Fingerprinter:
         names = tuple(n for n in sorted(code_names) if n in g)
         # A module a rule names (``config.dt``): the data attributes its code names.
         module_data = tuple(
-            (n, a, self(getattr(g[n], a))) for n in names if isinstance(g[n], types.ModuleType)
-            for a in sorted(code_names) if _is_data(getattr(g[n], a, None)))
+            (n, a, self(value)) for n in names if isinstance(g[n], types.ModuleType)
+            for a in sorted(code_names)
+            if _is_data(value := _module_attribute(g[n], a)))
         return ("function", fn.__code__, cells, self(fn.__defaults__), self(fn.__kwdefaults__),
                 tuple((n, self(g[n])) for n in names), module_data)
+
+
+def _module_attribute(module: types.ModuleType, name: str):
+    """``module.name`` or None; deprecated module attributes (numpy's ``np.str``) warn
+    when read, and reading them here is not the user's doing."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(module, name, None)
 
 
 def fingerprint(obj, keepalive: list, max_nodes: int = MAX_NODES):

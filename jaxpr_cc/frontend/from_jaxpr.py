@@ -21,14 +21,20 @@ def region_from_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any] | None,
                       names: Sequence[str | None] | None = None, memo: dict | None = None) -> Region:
     """Build a Region from an open jaxpr; ``consts`` None keeps it open.
 
-    ``memo`` maps ClosedJaxpr objects already converted in this conversion to their
-    Regions: custom rules reused at many call sites share one rule object, and their
-    Regions are shared too (converted once).
+    ``memo`` maps the jaxprs already converted in this conversion to their Regions: a
+    jaxpr JAX shares (a jit body called from many sites, a custom rule reused) becomes
+    one Region that every call site refers to, converted once.  A Region is entered in
+    the memo before its body is converted, so a rule that calls itself (recursion
+    through custom rules) refers to the Region being built.
     """
     if memo is None:
         memo = {}
     region = Region(closed=consts is not None, effects=jaxpr.effects,
                     debug_info=jaxpr.debug_info)
+    return _fill(region, jaxpr, consts, names, memo)
+
+
+def _fill(region: Region, jaxpr: Jaxpr, consts, names, memo: dict) -> Region:
     env: dict[Any, Value] = {}
     entry = region.entry
     for i, var in enumerate(jaxpr.constvars):
@@ -99,9 +105,21 @@ def region_from_closed_jaxpr(closed: ClosedJaxpr, names=None, memo: dict | None 
 
 
 def _closed_region(closed: ClosedJaxpr, memo: dict) -> Region:
-    hit = memo.get(id(closed))
-    if hit is None or hit[0] is not closed:
-        hit = memo[id(closed)] = (closed, region_from_closed_jaxpr(closed, None, memo))
+    return _shared_region(closed, closed.jaxpr, closed.consts, memo)
+
+
+def _open_region(jaxpr: Jaxpr, memo: dict) -> Region:
+    return _shared_region(jaxpr, jaxpr, None, memo)
+
+
+def _shared_region(key_obj, jaxpr: Jaxpr, consts, memo: dict) -> Region:
+    """The one Region for a (Closed)Jaxpr object, however many params hold it."""
+    hit = memo.get(id(key_obj))
+    if hit is None or hit[0] is not key_obj:
+        region = Region(closed=consts is not None, effects=jaxpr.effects,
+                        debug_info=jaxpr.debug_info)
+        hit = memo[id(key_obj)] = (key_obj, region)
+        _fill(region, jaxpr, consts, None, memo)
     return hit[1]
 
 
@@ -125,9 +143,9 @@ def _jaxpr_tuple(p: Any) -> bool:
 def _convert_param(p: Any, memo: dict) -> Any:
     t = type(p)
     if t is ClosedJaxpr:
-        return region_from_closed_jaxpr(p, None, memo)
+        return _closed_region(p, memo)
     if t is Jaxpr:
-        return region_from_jaxpr(p, None, None, memo)
+        return _open_region(p, memo)
     if _jaxpr_tuple(p):
         return tuple(_convert_param(x, memo) for x in p)
     return p

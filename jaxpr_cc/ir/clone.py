@@ -1,4 +1,11 @@
-"""Deep copies of regions: passes work on a copy and never mutate their input."""
+"""Copies of regions.
+
+``clone_region`` copies a region and every region it calls (a whole module: passes
+work on a copy and never mutate their input); regions shared between call sites stay
+shared in the copy, and a recursive function stays one, cycle included.
+``clone_function`` copies one region and keeps its calls pointing at the same
+callees: the copy-on-write step when one call site needs its own version.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -10,11 +17,21 @@ from .value import Value
 
 
 def clone_region(region: Region, memo: dict | None = None) -> Region:
-    """A deep copy; Regions shared between equations (a custom rule used at several
-    call sites) stay shared in the copy."""
+    """A deep copy of ``region`` and of every region it calls."""
     if memo is None:
         memo = {}
     new = Region(closed=region.closed, effects=region.effects, debug_info=region.debug_info)
+    memo[id(region)] = (region, new)
+    return _copy_into(new, region, lambda p: _clone_param(p, memo))
+
+
+def clone_function(region: Region) -> Region:
+    """A copy of ``region`` alone: its equations call the same regions as before."""
+    new = Region(closed=region.closed, effects=region.effects, debug_info=region.debug_info)
+    return _copy_into(new, region, None)
+
+
+def _copy_into(new: Region, region: Region, copy_param) -> Region:
     env: dict[Value, Value] = {}
     for v in region.constvars:
         env[v] = nv = Value(v.aval, new.entry, 0, v.name)
@@ -34,8 +51,8 @@ def clone_region(region: Region, memo: dict | None = None) -> Region:
             env[v] = nv = Value(v.aval, None, 0, v.name)
             outputs.append(nv)
         params = eqn.params
-        if eqn.has_regions():
-            params = {k: _clone_param(p, memo) for k, p in params.items()}
+        if copy_param is not None and eqn.has_regions():
+            params = {k: copy_param(p) for k, p in params.items()}
         else:
             params = dict(params)
         ne = Equation(eqn.prim, inputs, outputs, params, eqn.effects, eqn.source_info, eqn.ctx)
@@ -57,7 +74,7 @@ def _clone_param(p: Any, memo: dict) -> Any:
     if isinstance(p, Region):
         hit = memo.get(id(p))
         if hit is None or hit[0] is not p:
-            hit = memo[id(p)] = (p, clone_region(p, memo))
+            return clone_region(p, memo)
         return hit[1]
     if type(p) is tuple and p and isinstance(p[0], Region):
         return tuple(_clone_param(r, memo) for r in p)

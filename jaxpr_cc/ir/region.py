@@ -263,18 +263,27 @@ class Region:
 
     # ------------------------------------------------------------- walking
     def walk(self) -> Iterator[tuple["Region", Equation]]:
-        """Every (region, equation) in this region and nested regions, pre-order."""
-        for eqn in self._order:
-            yield self, eqn
-            for _, _, sub in eqn.regions():
-                yield from sub.walk()
+        """Every (region, equation) of this region and of the regions it calls, each
+        region once: a function called from many sites, or from itself, is one."""
+        for region in self.regions():
+            for eqn in region._order:
+                yield region, eqn
 
     def regions(self) -> Iterator["Region"]:
-        """This region and every nested region, pre-order."""
-        yield self
-        for eqn in self._order:
-            for _, _, sub in eqn.regions():
-                yield from sub.regions()
+        """This region and every region reachable from it, each once, pre-order
+        (the walk is cycle-safe: a recursive function is visited once)."""
+        seen = {id(self)}
+        stack = [self]
+        while stack:
+            region = stack.pop()
+            yield region
+            found = []
+            for eqn in region._order:
+                for _, _, sub in eqn.regions():
+                    if id(sub) not in seen:
+                        seen.add(id(sub))
+                        found.append(sub)
+            stack.extend(reversed(found))
 
     def __repr__(self) -> str:
         return f"<Region {len(self.invars)} in, {len(self._order)} eqns, {len(self.outvars)} out>"

@@ -573,6 +573,10 @@ class _Folder:
                 inner = sub.invars[first_input + k]
                 if not sub.has_users(inner) or inner.aval != atom.aval:
                     continue
+                if self.owner.is_shared(sub):
+                    # A function called from several sites is not specialized for
+                    # one of them: that would copy its body per constant.
+                    continue
                 sub = self.owner.own(eqn, key, idx)
                 inner = sub.invars[first_input + k]
                 if type(atom) is Literal:

@@ -9,7 +9,7 @@ that caller its own copy: :meth:`RegionOwnership.own`.
 """
 from __future__ import annotations
 
-from ..ir.clone import clone_region
+from ..ir.clone import clone_function
 from ..ir.region import Region
 from .signature import has_regions
 
@@ -54,7 +54,7 @@ class RegionOwnership:
         if not self.is_shared(sub):
             return sub
         refs = self.refs()
-        new = clone_region(sub)
+        new = clone_function(sub)
         params = dict(eqn.params)
         if index is None:
             params[key] = new
@@ -66,7 +66,10 @@ class RegionOwnership:
         refs[id(sub)] -= 1
         refs[id(new)] = 1
         self._alive.append(new)
-        self._count(new, refs)
+        # The copy calls the same regions as the original: one more caller each.
+        for e in new.equations:
+            for _, _, callee in e.regions():
+                refs[id(callee)] = refs.get(id(callee), 0) + 1
         return new
 
     def own_all(self, eqn) -> None:
