@@ -154,7 +154,7 @@ def byte_flips():
 
 
 def _manifest_variants():
-    yield "format_version 2 (newer)", lambda m: m.update(format_version=2)
+    yield "format_version newer than the reader", lambda m: m.update(format_version=container.FORMAT_VERSION + 1)
     yield "format_version 99", lambda m: m.update(format_version=99)
     yield "format_version 0", lambda m: m.update(format_version=0)
     yield "format_version as string", lambda m: m.update(format_version="1")
@@ -445,12 +445,23 @@ def damaged_documents():
                 d = copy.deepcopy(doc)
                 d["regions"][r]["eqns"][k]["unknown"] = 1
                 yield f"{label}: region {r} eqn {k} unknown field", repack(data, doc=d)
-                for key, value in eqn.get("params", {}).items():
+                shared = type(eqn.get("params")) is int
+                if shared:  # the equation's params are a shared set (format version 2)
+                    for bad_set in (len(doc["param_sets"]), -1, True):
+                        d = copy.deepcopy(doc)
+                        d["regions"][r]["eqns"][k]["params"] = bad_set
+                        yield (f"{label}: region {r} eqn {k} param set {bad_set!r}",
+                               repack(data, doc=d))
+                params = doc["param_sets"][eqn["params"]] if shared else eqn.get("params", {})
+                for key, value in params.items():
                     for bad in ({"$t": "bogus", "v": 1}, {"$t": "enum", "v": ["Precision", "NOPE"]},
                                 {"$t": "dtype", "v": "float33"}, {"$t": "region", "v": 99},
                                 {"$t": "region", "v": 0}, {"v": 1}, {"$t": "treedef", "v": "?"}):
                         d = copy.deepcopy(doc)
-                        d["regions"][r]["eqns"][k]["params"][key] = bad
+                        if shared:
+                            d["param_sets"][eqn["params"]][key] = bad
+                        else:
+                            d["regions"][r]["eqns"][k]["params"][key] = bad
                         yield (f"{label}: region {r} eqn {k} param {key} = {bad!r}",
                                repack(data, doc=d))
         if len(doc["regions"]) > 1:
@@ -463,8 +474,17 @@ def damaged_documents():
             d = copy.deepcopy(doc)
             for region in d["regions"][1:]:  # a region that contains itself
                 for eqn in region["eqns"]:
+                    if type(eqn.get("params")) is int:
+                        eqn["params"] = copy.deepcopy(d["param_sets"][eqn["params"]])
                     eqn.setdefault("params", {})["loop"] = {"$t": "region", "v": 1}
             yield f"{label}: a region containing itself", repack(data, doc=d)
+        if doc.get("param_sets"):
+            d = copy.deepcopy(doc)
+            d["param_sets"].append(copy.deepcopy(doc["param_sets"][0]))
+            yield f"{label}: a parameter set nothing uses", repack(data, doc=d)
+            d = copy.deepcopy(doc)
+            d["param_sets"][0] = {}
+            yield f"{label}: an empty parameter set", repack(data, doc=d)
         if doc["arrays"]:
             d = copy.deepcopy(doc)
             d["arrays"].append(copy.deepcopy(doc["arrays"][0]))
@@ -647,8 +667,8 @@ def test_no_memory_blow_up(label, maker, tmp_path):
 def test_messages_say_what_is_wrong(tmp_path):
     path = tmp_path / "p.jcc"
     cases = {
-        "newer format": (repack(VALID["a"], manifest_edit=lambda m: m.update(format_version=2)),
-                         r"format version 2, newer than this jaxpr-cc reads \(versions 1 to 1\)"),
+        "newer format": (repack(VALID["a"], manifest_edit=lambda m: m.update(format_version=3)),
+                         r"format version 3, newer than this jaxpr-cc reads \(versions 1 to 2\)"),
         "newer format, other layout": (_newer_layout(VALID["a"]),
                                        r"format version 3, newer than this jaxpr-cc"),
         "other JAX": (repack(VALID["a"], manifest_edit=lambda m: m.update(jax_version="0.4.30")),

@@ -39,8 +39,8 @@ def block(x, w):
 def calls(n: int):
     def f(x, w):
         acc = x
-        for i in range(n):
-            acc = block(acc, w) + float(i)
+        for _ in range(n):
+            acc = block(acc, w)
         return acc
     return f
 
@@ -49,14 +49,14 @@ ARGS = (jnp.ones((8,), jnp.float32), jnp.full((8,), 0.5, jnp.float32))
 
 
 def measure(n: int, folder: str) -> dict:
-    f = calls(n)
-    t_jax, closed = timed(lambda: jax.make_jaxpr(f)(*ARGS))
-    t_trace, program = timed(lambda: jaxpr_cc.trace(f, *ARGS))
-    t_pipe, optimized = timed(lambda: jaxpr_cc.run_passes(program, PIPELINE))
+    # A new function for every run, so no run reuses another's trace.
+    t_jax, closed = timed(lambda: jax.make_jaxpr(calls(n))(*ARGS), repeat=3)
+    t_trace, program = timed(lambda: jaxpr_cc.trace(calls(n), *ARGS), repeat=3)
+    t_pipe, optimized = timed(lambda: jaxpr_cc.run_passes(program, PIPELINE), repeat=3)
     path = os.path.join(folder, f"sites{n}.jcc")
-    t_save, _ = timed(lambda: jaxpr_cc.save(optimized, path))
-    t_load, _ = timed(lambda: jaxpr_cc.load(path))
-    t_print, text = timed(lambda: str(program))
+    t_save, _ = timed(lambda: jaxpr_cc.save(optimized, path), repeat=3)
+    t_load, _ = timed(lambda: jaxpr_cc.load(path), repeat=3)
+    t_print, text = timed(lambda: str(program), repeat=3)
     return dict(n=n, jax=t_jax, trace=t_trace, pipeline=t_pipe, save=t_save, load=t_load,
                 print=t_print, printed=len(text), jax_printed=len(str(closed)),
                 saved=os.path.getsize(path))

@@ -27,6 +27,7 @@ from .param_codecs import ParamDecoder
 from .values import ArraySource, decode_host_value
 
 _DOC_KEYS = {"name", "in_tree", "out_tree", "params", "contexts", "arrays", "regions"}
+_DOC_KEYS_V2 = _DOC_KEYS | {"param_sets"}  # format version 2: shared parameter sets
 _REGION_KEYS = {"closed", "consts", "invars", "eqns", "outvars", "effects", "debug_info"}
 _EQN_REQUIRED = {"out", "type", "op", "in"}
 _EQN_KEYS = _EQN_REQUIRED | {"params", "effects", "ctx", "scope", "names"}
@@ -98,6 +99,11 @@ class _Decoder:
             raise FormatError("'contexts' must be a list")
         self.contexts = [decode_context(c, self.params) for c in contexts]
         self.prims: dict[str, Any] = {}
+        sets = doc.get("param_sets", [])
+        if not isinstance(sets, list) or not all(type(x) is dict and x for x in sets):
+            raise FormatError("'param_sets' must be a list of non-empty objects")
+        self.param_sets_json = sets
+        self.param_sets: dict[int, dict] = {}  # decoded on first use
         self.default_source = make_source_info(NameStack())
         self.sources: dict[tuple, Any] = {}
 
@@ -313,16 +319,20 @@ class _Decoder:
             params = {}
             if "params" in e:
                 raise FormatError(f"{where} equation {k} ({op}): empty 'params' are left out")
+        elif type(raw) is int:
+            if not 0 <= raw < len(self.param_sets_json):
+                raise FormatError(f"{where} equation {k} ({op}): parameter set {raw} does not "
+                                  f"exist ({len(self.param_sets_json)} in 'param_sets')")
+            shared = self.param_sets.get(raw)
+            if shared is None:
+                shared = self.param_sets[raw] = self._params(self.param_sets_json[raw], k, op,
+                                                             where)
+            params = dict(shared)  # equations own their params dict; values are shared
         else:
             if type(raw) is not dict or not raw:
-                raise FormatError(f"{where} equation {k} ({op}): 'params' must be a non-empty object")
-            params = {}
-            for key, value in raw.items():
-                try:
-                    params[key] = self.params.decode(value)
-                except FormatError as err:
-                    raise FormatError(f"{where} equation {k} ({op}) parameter '{key[:40]}': "
-                                      f"{err}") from None
+                raise FormatError(f"{where} equation {k} ({op}): 'params' must be a non-empty "
+                                  f"object or the index of a parameter set")
+            params = self._params(raw, k, op, where)
         fx = e.get("effects")
         if fx is None:
             effects = effects_codec.no_effects
@@ -347,6 +357,16 @@ class _Decoder:
             source = self._source(e["scope"], f"{where} equation {k} ({op})")
         return params, effects, ctx, source
 
+    def _params(self, raw: dict, k: int, op: str, where: str) -> dict:
+        params = {}
+        for key, value in raw.items():
+            try:
+                params[key] = self.params.decode(value)
+            except FormatError as err:
+                raise FormatError(f"{where} equation {k} ({op}) parameter '{key[:40]}': "
+                                  f"{err}") from None
+        return params
+
     # --------------------------------------------------------- program
     def program(self, doc: dict) -> Program:
         name = doc["name"]
@@ -368,6 +388,9 @@ class _Decoder:
         unused = [i for i, s in enumerate(self.state) if s != 2]
         if unused:
             raise FormatError(f"region {unused[0]} is not used by any equation")
+        unused_sets = [i for i in range(len(self.param_sets_json)) if i not in self.param_sets]
+        if unused_sets:
+            raise FormatError(f"parameter set {unused_sets[0]} is not used by any equation")
         if self.arrays.descriptors and len(self.arrays._host) != len(self.arrays.descriptors):
             missing = [i for i in range(len(self.arrays.descriptors)) if i not in self.arrays._host]
             raise FormatError(f"array {missing[0]} is not used by the program")
@@ -390,6 +413,6 @@ class _Decoder:
 def decode_program(doc: Any, arrays: ArraySource) -> Program:
     if not isinstance(doc, dict):
         raise FormatError("program.json is not a JSON object")
-    if set(doc) != _DOC_KEYS:
-        raise FormatError(f"program.json has fields {sorted(doc)[:10]}; expected {sorted(_DOC_KEYS)}")
+    if set(doc) != _DOC_KEYS and set(doc) != _DOC_KEYS_V2:
+        raise FormatError(f"program.json has fields {sorted(doc)[:10]}; expected {sorted(_DOC_KEYS_V2)}")
     return _Decoder(doc, arrays).program(doc)

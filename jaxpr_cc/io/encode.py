@@ -198,8 +198,34 @@ class _Encoder:
             "params": bound,
             "contexts": self.contexts,
             "arrays": self.arrays.descriptors,
+            "param_sets": _share_param_sets(self.regions),
             "regions": self.regions,
         }
+
+
+def _share_param_sets(regions: list) -> list:
+    """Store each parameter set that several equations carry once (the calls of one
+    function repeat the same params at every site), in order of first use; those
+    equations refer to it by index.  Rewrites ``regions`` in place."""
+    counts: dict[str, int] = {}
+    for region in regions:
+        for e in region["eqns"]:
+            if "params" in e:
+                text = _compact(e["params"])
+                counts[text] = counts.get(text, 0) + 1
+    index: dict[str, int] = {}
+    sets: list = []
+    for region in regions:
+        for e in region["eqns"]:
+            if "params" in e:
+                text = _compact(e["params"])
+                if counts[text] > 1:
+                    k = index.get(text)
+                    if k is None:
+                        k = index[text] = len(sets)
+                        sets.append(e["params"])
+                    e["params"] = k
+    return sets
 
 
 def _name_stack(source_info, where: str) -> list:
@@ -267,7 +293,8 @@ def _regions(regions: list, indent: str) -> str:
             + "\n" + indent + "]")
 
 
-_DOCUMENT_LAYOUT = {"params": _lines, "contexts": _lines, "arrays": _lines, "regions": _regions}
+_DOCUMENT_LAYOUT = {"params": _lines, "contexts": _lines, "arrays": _lines, "param_sets": _lines,
+                    "regions": _regions}
 
 
 def document_text(doc: dict) -> bytes:

@@ -7,7 +7,7 @@ is checked on its own, emitted as a one-equation jaxpr by the jaxpr backend (the
 form every consumer of the IR sees, custom rules included), and equations that are
 identical for the checker (same primitive, operand types, literal values, parameters, result types,
 effects and context) are checked once.  Equations that hold regions are checked
-whole, regions included.  What a whole-program check adds beyond these -- variables
+whole, regions included; calls of one function with the same types are checked once.  What a whole-program check adds beyond these -- variables
 bound once and defined before use, one type per variable -- holds by construction of
 the decoded program.
 """
@@ -28,11 +28,7 @@ from .errors import FormatError
 def _signature(eqn) -> Any:
     """A hashable key that is equal for equations the checker treats identically, or
     None when the equation must be checked on its own."""
-    params = eqn.params
-    for p in params.values():
-        t = type(p)
-        if t is Region or (t is tuple and p and type(p[0]) is Region):
-            return None
+    params = eqn.params  # Regions hash by identity: calls of one function share a key
     ins = []
     for a in eqn.inputs:
         if type(a) is Value:

@@ -150,10 +150,32 @@ def _is_function(value: Any) -> bool:
                               functools.partial)) or type(value).__name__ == "WrappedFun"
 
 
+# Params a primitive's call sites almost always carry at their default values (a plain
+# ``jax.jit`` call): not printed, so a call prints as what it calls and with what.
+# ``name: text`` elides a param printed as ``text``; ``name: (text,)`` elides a tuple
+# param all of whose entries print as ``text``.
+_DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
+    "jit": {"compiler_options_kvs": "()", "ctx_mesh": "Mesh(axis_sizes=(), axis_names=())",
+            "inline": "False", "keep_unused": "False", "donated_invars": ("False",),
+            "in_layouts": ("None",), "out_layouts": ("None",),
+            "in_shardings": ("UnspecifiedValue",), "out_shardings": ("UnspecifiedValue",)},
+}
+
+
+def _is_default(defaults: dict, key: str, value: Any) -> bool:
+    want = defaults.get(key)
+    if want is None:
+        return False
+    if type(want) is tuple:
+        return type(value) is tuple and all(format_param(v) == want[0] for v in value)
+    return format_param(value) == want
+
+
 class _Printer:
-    def __init__(self):
+    def __init__(self, functions: dict[int, str] | None = None):
         self.namer = Namer()
         self.lines: list[str] = []
+        self.functions = functions or {}  # region id -> symbol, for named functions
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("  " * depth + text)
@@ -173,10 +195,37 @@ class _Printer:
         outs = ", ".join(self.namer.ref(a) for a in region.outvars)
         self.emit(depth + 1, f"return {outs}")
 
+    def function(self, region: Region, name: str, use_hint: bool) -> None:
+        mark = len(self.lines)
+        self.lines.append("")
+        args = self.binders(region, 0, use_hint=use_hint)
+        outs = ", ".join(short_type(a.aval) for a in region.outvars)
+        self.lines[mark] = f"func @{name}({args}) -> ({outs}) {{"
+        self.region_body(region, 0)
+        self.emit(0, "}")
+
     def equation(self, eqn: Equation, depth: int) -> None:
-        region_keys = {k for k, _, _ in eqn.regions()}
+        subs = list(eqn.regions())
+        region_keys = {k for k, _, _ in subs}
+        defaults = _DEFAULT_PARAMS.get(eqn.prim.name, {})
         params = [f"{k}={format_param(v)}" for k, v in sorted(eqn.params.items())
-                  if k not in region_keys]
+                  if k not in region_keys and not _is_default(defaults, k, v)]
+        # Calls of named functions are params (``jaxpr=@block``); only regions called
+        # from this site alone are printed inline, in braces.
+        called = {}
+        for key, idx, sub in subs:
+            symbol = self.functions.get(id(sub))
+            if symbol is not None:
+                called.setdefault(key, []).append((idx, "@" + symbol))
+        for key, refs in called.items():
+            if all(i is None for i, _ in refs):
+                params.append(f"{key}={refs[0][1]}")
+            elif len(refs) == len(eqn.params[key]):
+                params.append(f"{key}=({', '.join(r for _, r in refs)},)")
+            else:
+                params.append(f"{key}={{{', '.join(f'{i}: {r}' for i, r in refs)}}}")
+        params.sort()
+        inline = [(k, i, sub) for k, i, sub in subs if id(sub) not in self.functions]
         ins = ", ".join(self.namer.ref(a) for a in eqn.inputs)
         outs = ", ".join(f"{self.namer.define(v)}:{short_type(v.aval)}" for v in eqn.outputs)
         head = eqn.prim.name + (f"[{', '.join(params)}]" if params else "")
@@ -184,9 +233,8 @@ class _Printer:
         if eqn.effects:
             effects = " effects={" + ", ".join(sorted(_ADDRESS.sub("", str(e)) for e in eqn.effects)) + "}"
         lhs = f"{outs} = " if outs else ""
-        subs = list(eqn.regions())
-        self.emit(depth, f"{lhs}{head} {ins}{effects}".rstrip() + (" {" if subs else ""))
-        for key, idx, sub in subs:
+        self.emit(depth, f"{lhs}{head} {ins}{effects}".rstrip() + (" {" if inline else ""))
+        for key, idx, sub in inline:
             label = key if idx is None else f"{key}[{idx}]"
             mark = len(self.lines)
             self.lines.append("")
@@ -194,20 +242,28 @@ class _Printer:
             self.lines[mark] = "  " * (depth + 1) + f"{label}({args}) {{"
             self.region_body(sub, depth + 1)
             self.emit(depth + 1, "}")
-        if subs:
+        if inline:
             self.emit(depth, "}")
 
 
 def print_region(region: Region, name: str = "region") -> str:
-    p = _Printer()
-    mark = len(p.lines)
-    p.lines.append("")
-    args = p.binders(region, 0, use_hint=True)
-    outs = ", ".join(short_type(a.aval) for a in region.outvars)
-    p.lines[mark] = f"func @{name}({args}) -> ({outs}) {{"
-    p.region_body(region, 0)
-    p.emit(0, "}")
+    """The text of ``region`` as a module: its named functions (regions it calls
+    from more than one site, or recursively), each once, then ``region`` itself."""
+    from .module import function_names
+    names = function_names(region, name)
+    p = _Printer(names)
+    for rid, fn_name in names.items():
+        if rid != id(region):
+            p.function(_find(region, rid), fn_name, use_hint=False)
+    p.function(region, name, use_hint=True)
     return "\n".join(p.lines) + "\n"
+
+
+def _find(entry: Region, rid: int) -> Region:
+    for r in entry.regions():
+        if id(r) == rid:
+            return r
+    raise KeyError(rid)
 
 
 def print_program(program) -> str:

@@ -21,7 +21,14 @@ def _where(path: str, i: int, eqn: Equation) -> str:
     return f"{path}: equation #{i} ({eqn.prim.name})"
 
 
-def verify_region(region: Region, path: str = "body") -> None:
+def verify_region(region: Region, path: str = "body", _seen: set | None = None) -> None:
+    """Check ``region`` and every region it calls, each once (a function called from
+    many sites, or recursively, is checked once, at the first path that reaches it)."""
+    if _seen is None:
+        _seen = set()
+    if id(region) in _seen:
+        return
+    _seen.add(id(region))
     defined: set = set()
     binders = region.constvars + region.invars
     for k, v in enumerate(binders):
@@ -60,7 +67,7 @@ def verify_region(region: Region, path: str = "body") -> None:
             defined.add(out)
         for key, idx, sub in eqn.regions():
             label = key if idx is None else f"{key}[{idx}]"
-            verify_region(sub, f"{path}/{eqn.prim.name}#{i}.{label}")
+            verify_region(sub, f"{path}/{eqn.prim.name}#{i}.{label}", _seen)
     for pos, atom in enumerate(region.outvars):
         if is_literal(atom):
             continue
@@ -109,8 +116,12 @@ def first_order_violations(program) -> list[str]:
     # JAX's named checkpoint policies are data (saved and printed by name).
     named = {id(v) for v in vars(jax.checkpoint_policies).values() if callable(v)}
     found = []
+    seen: set = set()
 
     def scan(region: Region, path: str, top: bool) -> Iterator[str]:
+        if id(region) in seen:
+            return
+        seen.add(id(region))
         if not top and region.constvars:
             yield f"{path} carries {len(region.constvars)} constants"
         for i, eqn in enumerate(region._order):

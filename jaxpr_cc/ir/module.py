@@ -1,0 +1,64 @@
+"""The module view of a Program: its named functions.
+
+A Program is a module.  Its entry function is ``program.body``; every other region
+is reached through a call-like equation's params (a ``jit`` body, a loop body, a
+``cond`` branch, a custom rule's fwd / bwd / jvp).  Equations hold the Region they
+call, so a region JAX traced once and called from many sites is one Region object,
+and a custom rule that calls its own custom function is a cycle in the call graph.
+
+A region called from more than one site (or, through a cycle, from itself) is a
+*named function* of the module: the printer prints it once and every call site
+refers to it by symbol (``@name``); the file format stores it once.  A region called
+from exactly one site is printed inline there.  Names are assigned in a fixed
+pre-order walk from the entry, so the same module always gets the same names.
+"""
+from __future__ import annotations
+
+import re
+
+from .region import Region
+
+_IDENT = re.compile(r"[^A-Za-z0-9_]")
+
+
+def call_counts(entry: Region) -> dict[int, int]:
+    """How many param slots refer to each region reachable from ``entry`` (by id)."""
+    counts: dict[int, int] = {}
+    for region in entry.regions():
+        for eqn in region._order:
+            for _, _, callee in eqn.regions():
+                counts[id(callee)] = counts.get(id(callee), 0) + 1
+    return counts
+
+
+def function_names(entry: Region, entry_name: str) -> dict[int, str]:
+    """Symbol names for the module's named functions, by region id.
+
+    The entry is always named ``entry_name``; every other region called from more
+    than one site gets a name from its first call site (``jit``'s function name, or
+    the param that holds it), made unique with a numeric suffix.
+    """
+    counts = call_counts(entry)
+    names = {id(entry): entry_name}
+    taken = {entry_name}
+    for region in entry.regions():
+        for eqn in region._order:
+            for key, idx, callee in eqn.regions():
+                if id(callee) in names or counts.get(id(callee), 0) < 2:
+                    continue
+                base = _IDENT.sub("_", str(eqn.params.get("name") or key)) or "fn"
+                name, n = base, 1
+                while name in taken:
+                    n += 1
+                    name = f"{base}_{n}"
+                taken.add(name)
+                names[id(callee)] = name
+    return names
+
+
+def functions(entry: Region, entry_name: str) -> dict[str, Region]:
+    """The module's function table: ``{name: region}``, entry first, then the named
+    functions in the order they are first called."""
+    names = function_names(entry, entry_name)
+    by_id = {id(r): r for r in entry.regions()}
+    return {name: by_id[rid] for rid, name in names.items()}
