@@ -23,7 +23,6 @@ _EXPORTS = {
     "closure_convert": ("jaxpr_cc.closure.api", "closure_convert"),
     "ClosedOverError": ("jaxpr_cc.closure.errors", "ClosedOverError"),
     "ClosureConversionError": ("jaxpr_cc.closure.errors", "ClosureConversionError"),
-    "RuleDepthError": ("jaxpr_cc.closure.errors", "RuleDepthError"),
     "register_pass": ("jaxpr_cc.passes.base", "register_pass"),
     "run_passes": ("jaxpr_cc.passes.manager", "run_passes"),
     "PassManager": ("jaxpr_cc.passes.manager", "PassManager"),

@@ -39,10 +39,8 @@ class CustomRulesMixin:
     # w.r.t. those values under the rule's recorded policy, as the Program does: the
     # emitted code never closes over a traced value, so it is differentiable w.r.t.
     # every input.  Rule regions are closed, so every rule is a module-level function.
-    def _require_rules(self, names: Sequence[str]) -> bool:
-        """Check the equation is first-order; False when its rule regions were left out
-        because the rule sat ``depth_limit`` rules deep (the rule is then emitted as
-        one that raises when used, which is what tracing it again reproduces)."""
+    def _require_rules(self, names: Sequence[str]) -> None:
+        """Check the equation is first-order: every rule region is present."""
         for key, value in self.eqn.params.items():
             if _is_function(value):
                 raise PythonEmitError(
@@ -50,22 +48,8 @@ class CustomRulesMixin:
                     f"not first-order (trace it with jaxpr_cc.trace, which turns custom rules "
                     f"into regions)")
         missing = [n for n in names if not isinstance(self.eqn.params.get(n), Region)]
-        if not missing:
-            return True
-        if self.eqn.params.get("depth_limit") is not None and missing == list(names[1:]):
-            return False
-        raise PythonEmitError(f"{self._where()}: region parameters {missing!r} are missing")
-
-    def _unmaterialized(self, kind: str, wanted: str) -> str:
-        limit = self.eqn.params.get("depth_limit")
-        msg = (f"jaxpr-cc: the {kind} rule of {wanted!r} was nested {limit} rules deep when the "
-               f"program was traced and was not materialized; trace the original with "
-               f"rule_depth={limit + 1} and emit again")
-        return f"raise RuntimeError({msg!r})"
-
-    def _raising(self, name: str, params: list[str], kind: str, wanted: str) -> None:
-        code = f"def {name}({', '.join(params)}):\n    {self._unmaterialized(kind, wanted)}\n"
-        self.emitter.module_defs.append(stmt(code))
+        if missing:
+            raise PythonEmitError(f"{self._where()}: region parameters {missing!r} are missing")
 
     def _arg_hints(self, first: int) -> list[str | None]:
         em = self.emitter
@@ -125,24 +109,21 @@ class CustomRulesMixin:
 
     def _custom(self, eqn: Equation, build: str) -> Call:
         """Rules that close over nothing are module-level functions, one per rule: equal
-        equations share one, and an equation whose rule was cut off at the rule depth
-        uses the function of its complete twin.  JAX and jaxpr_cc.trace then see one
-        custom function object where the original program had one, so rules nest (and
-        are cut off) as they did."""
+        equations share one, so JAX and jaxpr_cc.trace see one custom function object
+        where the original program had one, and a rule that calls its own function
+        (recursion) calls the module-level function by name."""
         em = self.emitter
         if eqn.params.get("num_consts", 0):
             return self._custom_with_consts(eqn, build)
-        target = em.rule_twin(eqn)
-        key = em.rule_key(target)
+        key = em.rule_key(eqn)
         if key not in em.custom_functions:
-            ctx = self if target is eqn else type(self)(em, target, self.fn, [])
-            ctx.rule_key = key
-            getattr(ctx, build)(target)
+            self.rule_key = key
+            getattr(self, build)(eqn)
         name, wanted = em.custom_functions[key]
         return Call(name, list(self.ins), hint=wanted)
 
     def _custom_vjp(self, eqn: Equation) -> Call:
-        complete = self._require_rules(["call_jaxpr", "fwd_jaxpr", "bwd_jaxpr"])
+        self._require_rules(["call_jaxpr", "fwd_jaxpr", "bwd_jaxpr"])
         em, p = self.emitter, eqn.params
         num_res = p["num_res"]
         symbolic = bool(p.get("symbolic_zeros"))
@@ -152,12 +133,6 @@ class CustomRulesMixin:
         n_out = len(out_avals)
         name, wanted = self._custom_function(call, "custom_vjp")
         sz = ", symbolic_zeros=True" if symbolic else ""
-        if not complete:
-            fwd_name, bwd_name = em.namer.fresh(f"{name}_fwd"), em.namer.fresh(f"{name}_bwd")
-            self._raising(fwd_name, ["*primals"], "custom_vjp", wanted)
-            self._raising(bwd_name, ["residuals", "cts"], "custom_vjp", wanted)
-            self._after(f"{name}.defvjp({fwd_name}, {bwd_name}{sz})")
-            return Call(name, list(self.ins), hint=wanted)
         fwd, bwd = p["fwd_jaxpr"], p["bwd_jaxpr"]
 
         fwd_name = em.namer.fresh(f"{name}_fwd")
@@ -193,7 +168,7 @@ class CustomRulesMixin:
         return Call(name, list(self.ins), hint=wanted)
 
     def _custom_jvp(self, eqn: Equation) -> Call:
-        complete = self._require_rules(["call_jaxpr", "jvp_jaxpr"])
+        self._require_rules(["call_jaxpr", "jvp_jaxpr"])
         em, p = self.emitter, eqn.params
         symbolic = bool(p.get("symbolic_zeros"))
         call = p["call_jaxpr"]
@@ -203,10 +178,6 @@ class CustomRulesMixin:
         name, wanted = self._custom_function(call, "custom_jvp")
         sz = ", symbolic_zeros=True" if symbolic else ""
         rule_name = em.namer.fresh(f"{name}_jvp")
-        if not complete:
-            self._raising(rule_name, ["primals", "tangents"], "custom_jvp", wanted)
-            self._after(f"{name}.defjvp({rule_name}{sz})")
-            return Call(name, list(self.ins), hint=wanted)
         jvp = p["jvp_jaxpr"]
         prologue: list[str] = []
         primals = self._group_binders(jvp.invars[:n_in], "primals", prologue)
@@ -244,7 +215,7 @@ class CustomRulesMixin:
     def _rule_with_consts(self, eqn: Equation, kind: str) -> None:
         em, p = self.emitter, eqn.params
         regions = ["call_jaxpr"] + list(self._RULE_REGION_NAMES[kind])
-        complete = self._require_rules(regions)
+        self._require_rules(regions)
         nc = p["num_consts"]
         call = p["call_jaxpr"]
         name, wanted = self._rule_name(call, kind)
@@ -257,9 +228,6 @@ class CustomRulesMixin:
         for region_name in self._RULE_REGION_NAMES[kind]:
             fn_name = em.namer.fresh(f"{name}_{region_name.split('_')[0]}")
             rule_fns.append(fn_name)
-            if not complete:
-                self._raising(fn_name, ["*operands"], kind, wanted)
-                continue
             region = p[region_name]
             # fwd/jvp take (c, x, ...) and bwd takes (c, r, ct): name what matches.
             named = hints[:nc] if region_name == "bwd_jaxpr" else hints
@@ -283,7 +251,7 @@ class CustomRulesMixin:
                           "custom_jvp": ("jvp_jaxpr",)}
 
     def linear_call(self, eqn: Equation) -> Call:
-        complete = self._require_rules(["callee", "transpose_jaxpr"])
+        self._require_rules(["callee", "transpose_jaxpr"])
         em, p = self.emitter, eqn.params
         if p.get("num_callee_consts", 0):
             raise PythonEmitError(f"{self._where()}: linear_call with closed-over callee values "
@@ -297,11 +265,6 @@ class CustomRulesMixin:
         lin = self._group_binders(callee.invars[num_res:], "linear", prologue)
         self._define(callee, base, [res, lin], prologue, flat_return)
         t_name = em.namer.fresh(f"{base}_transpose")
-        if not complete:
-            self._raising(t_name, ["residuals", "cts"], "linear_call transpose", base)
-            return Call("jax.custom_derivatives.linear_call",
-                        [base, t_name, tuple_src(self.ins[:num_res]),
-                         tuple_src(self.ins[num_res:])])
         prologue = []
         t_res = self._group_binders(transpose.invars[:num_res], "residuals", prologue)
         cts = transpose.invars[num_res:]

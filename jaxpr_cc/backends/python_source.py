@@ -116,7 +116,6 @@ class _ModuleEmitter:
         self.uses_partition_spec = False
         self.callables: dict[int, str] = {}
         self.custom_functions: dict[str, tuple[str, str]] = {}
-        self.rule_families: dict[str, tuple[str, Equation]] | None = None
 
     # ------------------------------------------------------------ top level
     def build(self) -> str:
@@ -305,43 +304,19 @@ class _ModuleEmitter:
         return self.env[a]
 
     # ------------------------------------------------------------ custom rules
-    _RULE_REGIONS = {"custom_vjp_call": ("fwd_jaxpr", "bwd_jaxpr"),
-                     "custom_jvp_call": ("jvp_jaxpr",)}
-
-    def rule_key(self, eqn: Equation, *, family: bool = False) -> str:
+    def rule_key(self, eqn: Equation) -> str:
         """Structural identity of a custom equation's rule (its printed regions and
-        params); ``family`` leaves out the rule regions and the depth cut-off, so a
-        cut-off equation matches its complete twin."""
+        params)."""
         from ..ir.printer import format_param, print_region
-        skip = {"source"} | ({"depth_limit", *self._RULE_REGIONS.get(eqn.prim.name, ())}
-                             if family else set())
         parts = [eqn.prim.name]
         for key, value in sorted(eqn.params.items()):
-            if key in skip:
+            if key == "source":
                 continue
             if isinstance(value, Region):
                 parts.append(f"{key}:{print_region(value)}")
             else:
                 parts.append(f"{key}={format_param(value)}")
         return "\n".join(parts)
-
-    def rule_twin(self, eqn: Equation) -> Equation:
-        """The equation whose rule defines the function for ``eqn``: of the equations of
-        one custom function (same name, primal and parameters), the most deeply
-        materialized one.  JAX materializes a rule inside its own rules (relu's jvp
-        calls relu), and jaxpr_cc.trace cuts that off after ``rule_depth`` levels of
-        the same function; the levels differ only in how deep they go, and one
-        function reproduces them all."""
-        if self.rule_families is None:
-            self.rule_families = {}
-            for _, e in self.program.body.walk():
-                if e.prim.name in self._RULE_REGIONS and not e.params.get("num_consts", 0):
-                    key, full = self.rule_key(e, family=True), self.rule_key(e)
-                    best = self.rule_families.get(key)
-                    if best is None or len(full) > len(best[0]):
-                        self.rule_families[key] = (full, e)
-        found = self.rule_families.get(self.rule_key(eqn, family=True))
-        return found[1] if found is not None else eqn
 
     def closed_over(self, a, fn: Function) -> str:
         """A value a nested function closes over.  A literal operand there was a traced

@@ -6,13 +6,11 @@
 * ``convert``  — the ``closure-convert`` pass for programs whose rules are still thunks.
 * ``api``      — ``jaxpr_cc.closure_convert``, a drop-in for ``jax.closure_convert``.
 """
-from .errors import ClosedOverError, ClosureConversionError, RuleDepthError
+from .errors import ClosedOverError, ClosureConversionError
 
-__all__ = ["ClosedOverError", "ClosureConversionError", "RuleDepthError", "convert_program"]
+__all__ = ["ClosedOverError", "ClosureConversionError", "convert_program"]
 
 
-def convert_program(program, *, closed_over: str = "auto", max_forward_size: int = 4096,
-                    rule_depth: int = 3):
+def convert_program(program, *, closed_over: str = "auto", max_forward_size: int = 4096):
     from .convert import convert_program as _convert
-    return _convert(program, closed_over=closed_over, max_forward_size=max_forward_size,
-                    rule_depth=rule_depth)
+    return _convert(program, closed_over=closed_over, max_forward_size=max_forward_size)

@@ -23,23 +23,24 @@ from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.value import Value
 from . import naming
-from .errors import ClosureConversionError, RuleDepthError
+from .errors import ClosureConversionError
 from .ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
 from .rules import RuleInfo, is_inexact
 from .session import _dedupe, _has_while, _insert_inputs, _with_consts
 
 
 def convert_program(program, *, closed_over: str = "auto", max_forward_size: int = 4096,
-                    rule_depth: int = 3, stats: dict | None = None):
+                    stats: dict | None = None):
     """Make every custom rule of ``program`` first-order, in place; returns it."""
     from .session import session
     count = 0
-    with session(closed_over=closed_over, max_forward_size=max_forward_size,
-                 rule_depth=rule_depth):
+    with session(closed_over=closed_over, max_forward_size=max_forward_size):
         # Converting a rule traces it, and what it traces may hold JAX-form rules of
         # its own (e.g. a jitted helper whose jaxpr JAX cached before this session):
-        # repeat until none is left; each round is bounded by the rule depth.
-        for _ in range(rule_depth + 2):
+        # repeat until none is left.  Rules traced in the session are first-order at
+        # once (recursion included), so each round only meets rules JAX staged earlier.
+        done: set[int] = set()
+        while True:
             pending = [(region, eqn) for region in program.body.regions()
                        for eqn in region.equations
                        if eqn.prim.name in FIRST_ORDER_KEYS
@@ -47,39 +48,15 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
             if not pending:
                 break
             for region, eqn in pending:
-                try:
-                    _CONVERTERS[eqn.prim.name](region, eqn, closed_over, max_forward_size)
-                except RuleDepthError as e:
-                    # JAX's thunk reaches a rule we materialized only to the depth
-                    # limit: keep the primal, and the same error if differentiated.
-                    _truncate(region, eqn, e, rule_depth, closed_over, max_forward_size)
+                if id(eqn) in done:
+                    raise ClosureConversionError(
+                        f"{eqn.prim.name}: converting its rule left it in JAX's form")
+                done.add(id(eqn))
+                _CONVERTERS[eqn.prim.name](region, eqn, closed_over, max_forward_size)
                 count += 1
     if stats is not None:
         stats["rules-materialized"] = stats.get("rules-materialized", 0) + count
     return program
-
-
-def _truncate(region, eqn, err, rule_depth, closed_over, max_forward_size) -> None:
-    name = eqn.prim.name
-    p = eqn.params
-    body_key = "callee" if name == "linear_call" else "call_jaxpr"
-    msg = str(err)
-    rule_name = msg.split("'")[1] if "'" in msg else name
-    params = {body_key: p[body_key], "depth_limit": rule_depth}
-    if name == "linear_call":
-        params.update(num_callee_consts=p["num_callee_consts"], num_res=p["num_res"])
-        if p["num_callee_consts"]:
-            params["num_res"] = p["num_res"] + p["num_callee_consts"]
-            params["num_callee_consts"] = 0
-    else:
-        params.update(num_consts=p["num_consts"], symbolic_zeros=bool(p.get("symbolic_zeros")),
-                      name=rule_name, source="<depth limit>",
-                      const_names=tuple(f"const{i}" for i in range(p["num_consts"])),
-                      closed_over=closed_over, max_forward_size=max_forward_size,
-                      reverse_ok=False)
-        if name == "custom_vjp_call":
-            params["num_res"] = 0
-    _replace_equation(region, eqn, list(eqn.inputs), params)
 
 
 def _fail(kind: str, fn: Any, err: Exception) -> ClosureConversionError:
@@ -207,7 +184,7 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, fwd
         "fwd_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(fwd_j, []), None, memo),
         "bwd_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(bwd_j, []), None, memo),
         "num_consts": nc + n_new, "num_res": num_res,
-        "symbolic_zeros": bool(eqn.params.get("symbolic_zeros", False)), "depth_limit": None,
+        "symbolic_zeros": bool(eqn.params.get("symbolic_zeros", False)),
         "name": info.name, "source": info.source, "const_names": info.const_names,
         "closed_over": closed_over, "max_forward_size": max_forward_size,
         "reverse_ok": info.reverse_ok,
@@ -285,7 +262,7 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
         "call_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(call_j, []), None, memo),
         "jvp_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(jvp_j, []), None, memo),
         "num_consts": nc + len(extra), "symbolic_zeros": bool(p.get("symbolic_zeros", False)),
-        "depth_limit": None, "name": naming.name_of(target), "source": naming.source_of(target),
+        "name": naming.name_of(target), "source": naming.source_of(target),
         "const_names": tuple(f"const{i}" for i in range(nc + len(extra))),
         "closed_over": closed_over, "max_forward_size": max_forward_size,
         "reverse_ok": not _has_while(call_j),
@@ -326,7 +303,7 @@ def _convert_linear(region: Region, eqn: Equation, closed_over: str, max_forward
         "transpose_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(t_j, list(t_closed.consts))
                                                     if t_closed.consts else jx.ClosedJaxpr(t_j, []),
                                                     None, memo),
-        "num_callee_consts": 0, "num_res": n_cc + len(t_consts) + n_res, "depth_limit": None,
+        "num_callee_consts": 0, "num_res": n_cc + len(t_consts) + n_res,
     }
     _replace_equation(region, eqn, cc + new_vals + res + lin, params)
 

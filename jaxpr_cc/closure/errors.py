@@ -9,6 +9,3 @@ class ClosedOverError(ClosureConversionError):
     """A value a custom rule closes over is being differentiated and the policy is
     ``closed_over='error'`` (or no other policy applies)."""
 
-
-class RuleDepthError(ClosureConversionError):
-    """A custom rule nested deeper than ``rule_depth`` was differentiated."""

@@ -12,17 +12,21 @@ A table keyed by primitive name, used by the generic jaxpr <-> IR drivers:
 First-order params (every Region constant-free):
 
 * custom_vjp_call: call_jaxpr, fwd_jaxpr, bwd_jaxpr, num_consts, num_res, symbolic_zeros,
-  name, source, const_names, closed_over, max_forward_size, reverse_ok, depth_limit
-  (fwd_jaxpr / bwd_jaxpr are absent when the rule was not materialized, depth_limit set)
+  name, source, const_names, closed_over, max_forward_size, reverse_ok
 * custom_jvp_call: call_jaxpr, jvp_jaxpr, num_consts, symbolic_zeros, + the same info fields
-* linear_call: callee, transpose_jaxpr, num_callee_consts (always 0), num_res, depth_limit
+* linear_call: callee, transpose_jaxpr, num_callee_consts (always 0), num_res
+
+A rule that calls its own custom function holds a Region that (through its fwd, bwd,
+jvp or transpose) contains that very equation again: recursion is a cycle.  So only the
+primal (``call_jaxpr`` / ``callee``) is emitted when an equation is exported; the rule
+bodies are emitted when JAX first runs them (``rules.LazyJaxpr``).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from .rules import (JVPRule, LinearRule, RuleInfo, VJPRule, bind_linear_rule, build_custom_jvp,
-                    build_custom_vjp, rule_of)
+from .rules import (JVPRule, LazyJaxpr, LinearRule, RuleInfo, VJPRule, bind_linear_rule,
+                    build_custom_jvp, build_custom_vjp, rule_of)
 
 FIRST_ORDER_KEYS = {
     "custom_vjp_call": "bwd_jaxpr",
@@ -34,8 +38,7 @@ _INFO_FIELDS = ("name", "source", "const_names", "closed_over", "max_forward_siz
 
 def is_first_order_custom(name: str, params: dict) -> bool:
     key = FIRST_ORDER_KEYS.get(name)
-    return key is not None and ("depth_limit" in params) and (
-        key in params or params.get("depth_limit") is not None)
+    return key is not None and key in params
 
 
 def _info_params(info: RuleInfo) -> dict:
@@ -48,31 +51,24 @@ def _info_from(params: dict) -> RuleInfo:
 
 # ------------------------------------------------------------------ import
 def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
-    p = {"call_jaxpr": to_region(rule.call)}
-    if rule.fwd is not None:
-        p["fwd_jaxpr"] = to_region(rule.fwd)
-        p["bwd_jaxpr"] = to_region(rule.bwd)
+    p = {"call_jaxpr": to_region(rule.call), "fwd_jaxpr": to_region(rule.fwd),
+         "bwd_jaxpr": to_region(rule.bwd)}
     p.update(num_consts=rule.num_consts, num_res=rule.num_res,
-             symbolic_zeros=rule.symbolic_zeros, depth_limit=rule.depth_limit)
+             symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
     return p
 
 
 def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
-    p = {"call_jaxpr": to_region(rule.call)}
-    if rule.jvp is not None:
-        p["jvp_jaxpr"] = to_region(rule.jvp)
-    p.update(num_consts=rule.num_consts, symbolic_zeros=rule.symbolic_zeros,
-             depth_limit=rule.depth_limit)
+    p = {"call_jaxpr": to_region(rule.call), "jvp_jaxpr": to_region(rule.jvp)}
+    p.update(num_consts=rule.num_consts, symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
     return p
 
 
 def _import_linear(jparams: dict, rule: LinearRule, to_region: Callable) -> dict:
-    p = {"callee": to_region(rule.callee)}
-    if rule.transpose is not None:
-        p["transpose_jaxpr"] = to_region(rule.transpose)
-    p.update(num_callee_consts=0, num_res=rule.num_res, depth_limit=rule.depth_limit)
+    p = {"callee": to_region(rule.callee), "transpose_jaxpr": to_region(rule.transpose)}
+    p.update(num_callee_consts=0, num_res=rule.num_res)
     return p
 
 
@@ -98,19 +94,22 @@ def import_params(name: str, jparams: dict, to_region: Callable) -> dict | None:
 
 # ------------------------------------------------------------------ export
 def _rule_from_params(name: str, params: dict, from_region: Callable):
-    get = lambda k: from_region(params[k]) if k in params else None  # noqa: E731
+    def lazy(key):
+        region = params[key]
+        return LazyJaxpr(lambda: from_region(region))
+
     if name == "custom_vjp_call":
-        return VJPRule(info=_info_from(params), call=get("call_jaxpr"), fwd=get("fwd_jaxpr"),
-                       bwd=get("bwd_jaxpr"), num_consts=params["num_consts"],
-                       num_res=params["num_res"], symbolic_zeros=params["symbolic_zeros"],
-                       depth_limit=params["depth_limit"])
+        return VJPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
+                       fwd=lazy("fwd_jaxpr"), bwd=lazy("bwd_jaxpr"),
+                       num_consts=params["num_consts"], num_res=params["num_res"],
+                       symbolic_zeros=params["symbolic_zeros"])
     if name == "custom_jvp_call":
-        return JVPRule(info=_info_from(params), call=get("call_jaxpr"), jvp=get("jvp_jaxpr"),
-                       num_consts=params["num_consts"], symbolic_zeros=params["symbolic_zeros"],
-                       depth_limit=params["depth_limit"])
+        return JVPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
+                       jvp=lazy("jvp_jaxpr"), num_consts=params["num_consts"],
+                       symbolic_zeros=params["symbolic_zeros"])
     info = RuleInfo(name="linear_call", source="<linear_call>", const_names=())
-    return LinearRule(info=info, callee=get("callee"), transpose=get("transpose_jaxpr"),
-                      num_res=params["num_res"], depth_limit=params["depth_limit"])
+    return LinearRule(info=info, callee=from_region(params["callee"]),
+                      transpose=lazy("transpose_jaxpr"), num_res=params["num_res"])
 
 
 def export_params(name: str, params: dict, in_avals, from_region: Callable) -> tuple[Any, dict]:

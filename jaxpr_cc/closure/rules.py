@@ -29,7 +29,7 @@ from jax import tree_util
 from jax.custom_derivatives import SymbolicZero
 
 from .. import jax_adapter as jx
-from .errors import ClosedOverError, RuleDepthError
+from .errors import ClosedOverError
 
 CLOSED_OVER_MODES = ("auto", "error", "reverse", "forward")
 
@@ -38,7 +38,29 @@ def is_inexact(aval) -> bool:
     return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
+class LazyJaxpr:
+    """A rule body made on first use.  A rule that calls its own custom function is a
+    cycle: its fwd holds a call whose fwd is itself.  Bodies reached through a rule are
+    made when JAX differentiates to that order, so every finite order is finite work."""
+    __slots__ = ("_make", "_value")
+
+    def __init__(self, make):
+        self._make = make
+        self._value = None
+
+    def get(self):
+        if self._value is None:
+            self._value = self._make()
+        return self._value
+
+
+def body(closed):
+    """A rule body: the ClosedJaxpr itself, or a LazyJaxpr's, made now."""
+    return closed.get() if type(closed) is LazyJaxpr else closed
+
+
 def run(closed, *args):
+    closed = body(closed)
     return jx.eval_jaxpr(closed.jaxpr, closed.consts, *args)
 
 
@@ -92,12 +114,11 @@ class RuleInfo:
 class VJPRule:
     info: RuleInfo
     call: Any                   # ClosedJaxpr (c, x) -> y
-    fwd: Any | None             # ClosedJaxpr (c, x) -> (y, r); None when depth-truncated
-    bwd: Any | None             # ClosedJaxpr (c, r, ct_y) -> ct_x (inexact x only)
+    fwd: Any                    # ClosedJaxpr (c, x) -> (y, r), or a LazyJaxpr of one
+    bwd: Any                    # ClosedJaxpr (c, r, ct_y) -> ct_x (inexact x only), or lazy
     num_consts: int
     num_res: int
     symbolic_zeros: bool = False  # the user's flag (rules are stored dense)
-    depth_limit: int | None = None  # set when truncated: the rule_depth that stopped it
 
     def replace(self, **kw) -> "VJPRule":
         return dataclasses.replace(self, **kw)
@@ -107,10 +128,9 @@ class VJPRule:
 class JVPRule:
     info: RuleInfo
     call: Any                   # ClosedJaxpr (c, x) -> y
-    jvp: Any | None             # ClosedJaxpr (c, x, t_x) -> (y, t_y)  (inexact leaves only)
+    jvp: Any                    # ClosedJaxpr (c, x, t_x) -> (y, t_y) (inexact leaves), or lazy
     num_consts: int
     symbolic_zeros: bool = False
-    depth_limit: int | None = None
 
     def replace(self, **kw) -> "JVPRule":
         return dataclasses.replace(self, **kw)
@@ -120,9 +140,8 @@ class JVPRule:
 class LinearRule:
     info: RuleInfo
     callee: Any                 # ClosedJaxpr (r, x) -> y
-    transpose: Any | None       # ClosedJaxpr (r, ct_y) -> ct_x
+    transpose: Any              # ClosedJaxpr (r, ct_y) -> ct_x, or a LazyJaxpr of one
     num_res: int
-    depth_limit: int | None = None
 
 
 def _zeros(aval):
@@ -135,12 +154,6 @@ def _dense(t, aval):
     if t is None or type(t) is SymbolicZero:
         return _zeros(aval)
     return t
-
-
-def _truncated(kind: str, info: RuleInfo, limit: int):
-    raise RuleDepthError(
-        f"custom_{kind} rule '{info.name}' ({info.source}) was materialized to {limit} levels of "
-        f"its own rules; differentiating to this order needs jaxpr_cc.trace(..., rule_depth={limit + 1})")
 
 
 @tree_util.register_pytree_node_class
@@ -246,8 +259,6 @@ def build_custom_vjp(rule: VJPRule):
 
     def fwd(*prims):
         vals = [p.value for p in prims]
-        if rule.fwd is None:
-            _truncated("vjp", info, rule.depth_limit)
         mode = info.const_mode("vjp", [p.perturbed for p in prims[:nc]], const_avals)
         outs_res = run(rule.fwd, *vals)
         outs, res = outs_res[:n_out], outs_res[n_out:]
@@ -304,8 +315,6 @@ def build_custom_jvp(rule: JVPRule):
     def jvp(primals, tangents):
         consts, args = list(primals[:nc]), list(primals[nc:])
         t_consts, t_args = tangents[:nc], tangents[nc:]
-        if rule.jvp is None:
-            _truncated("jvp", info, rule.depth_limit)
         perturbed = [type(t) is not SymbolicZero for t in t_consts]
         mode = info.const_mode("jvp", perturbed, const_avals)
         if all(type(t) is SymbolicZero for t in t_args):
@@ -353,10 +362,7 @@ class _TransposeThunk:
         self._jaxpr_cc_rule = rule
 
     def __call__(self):
-        rule = self._jaxpr_cc_rule
-        if rule.transpose is None:
-            _truncated("linear_call transpose", rule.info, rule.depth_limit)
-        return rule.transpose, []
+        return body(self._jaxpr_cc_rule.transpose), []
 
 
 def bind_linear_rule(rule: LinearRule, operands):

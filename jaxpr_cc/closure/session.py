@@ -8,19 +8,23 @@ leading operands; and the call is re-bound through a first-order rule
 (``rules.build_*``), which JAX stages as an ordinary custom equation.
 
 Rules are cached by (custom function, a fingerprint of everything its rules and static
-arguments can read, argument types, level), so 1,000 calls of the same function trace
-its rules once, and a call whose closed-over values differ traces its own.  A rule whose own body calls
-the same custom function (the tutorial's ``fixed_point`` calls itself in its fwd and
-bwd, with a new function at every level; JAX's ``logaddexp`` jvp calls
-``logaddexp``) would unfold forever if every level were traced eagerly, so a custom
-function's rules are materialized while it appears fewer than ``rule_depth`` times on
-the stack of rules being traced; deeper calls keep their primal and raise a clear
-error if differentiated to that order.  Chains of different functions are not
-limited: they end by themselves.
+arguments can read, argument types, which arguments JAX could perturb), so 1,000
+calls of the same function trace its rules once, and a call whose closed-over values
+differ traces its own.
+
+A rule whose body calls the same custom function with the same key (the tutorial's
+``fixed_point`` calls itself in its fwd; JAX's ``logaddexp`` jvp calls ``logaddexp``)
+is recursion: the inner call refers to the rule being traced, so the rule is
+materialized once and recursion is a cycle in the program's call graph, not a tower
+of copies.  The inner call must pass the rule's closed-over values, which are known
+only once its fwd and bwd have been traced; so a recursive rule is traced twice: first
+with the inner calls evaluated as the primal (to find what the rules close over),
+then with them bound to the rule itself.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Any
 
@@ -33,13 +37,13 @@ from .. import jax_adapter as jx
 from . import naming
 from .errors import ClosureConversionError
 from .fingerprint import fingerprint
-from .rules import (CLOSED_OVER_MODES, JVPRule, LinearRule, RuleInfo, VJPRule, bind_linear_rule,
-                    build_custom_jvp, build_custom_vjp, is_inexact)
+from .rules import (CLOSED_OVER_MODES, JVPRule, LazyJaxpr, LinearRule, RuleInfo, VJPRule,
+                    bind_linear_rule, build_custom_jvp, build_custom_vjp, is_inexact)
 
 _local = threading.local()
 # JAX's jit tracing cache must not hand a jit body traced inside one session (its rules
-# re-bound with that session's options and depth) to code outside it or to a session
-# with other options: the session's options are part of JAX's cache key.
+# re-bound with that session's options) to code outside it or to a session with other
+# options: the session's options are part of JAX's cache key.
 _JIT_CACHE_CONTEXT = jax.make_user_context(default_value=None)
 _install_lock = threading.Lock()
 _installed = False
@@ -51,37 +55,18 @@ def current() -> "TraceSession | None":
 
 
 class TraceSession:
-    def __init__(self, closed_over: str = "auto", max_forward_size: int = 4096,
-                 rule_depth: int = 3):
+    def __init__(self, closed_over: str = "auto", max_forward_size: int = 4096):
         if closed_over not in CLOSED_OVER_MODES:
             raise ValueError(f"closed_over must be one of {', '.join(CLOSED_OVER_MODES)}, "
                              f"got {closed_over!r}")
-        if rule_depth < 1:
-            raise ValueError(f"rule_depth must be at least 1, got {rule_depth}")
         self.closed_over = closed_over
         self.max_forward_size = int(max_forward_size)
-        self.rule_depth = int(rule_depth)
-        self.active: dict[int, int] = {}  # custom function -> rules of it being traced
         self.cache: dict[Any, Any] = {}
+        self.in_progress: dict[Any, _Pending] = {}  # rules being traced, by cache key
+        self.linear_depth = 0  # linear_call transposes being traced
         self.keepalive: list[Any] = []
         self.rules_traced = 0
         self.perturbable = jx.PerturbationOracle()
-
-    # ------------------------------------------------------------ helpers
-    def level(self, fn_key) -> int:
-        """How many rules of this custom function are being traced around this call."""
-        return self.active.get(id(fn_key), 0)
-
-    def truncated(self, fn_key) -> bool:
-        return self.level(fn_key) >= self.rule_depth
-
-    @contextlib.contextmanager
-    def inside_rules_of(self, fn_key):
-        self.active[id(fn_key)] = self.active.get(id(fn_key), 0) + 1
-        try:
-            yield
-        finally:
-            self.active[id(fn_key)] -= 1
 
     def info(self, fn, consts, roots) -> RuleInfo:
         return RuleInfo(name=naming.name_of(fn), source=naming.source_of(fn),
@@ -123,17 +108,86 @@ class TraceSession:
         # tangent: a rule defined with symbolic_zeros=True sees a SymbolicZero for it,
         # and a rule none of whose inputs can be perturbed is never run by JAX.
         perturbed = tuple(is_inexact(a) and self.perturbable(x) for x, a in zip(flat, avals))
-        key = (kind, id(custom), seen, in_tree, avals, perturbed,
-               min(self.level(custom), self.rule_depth))
+        key = (kind, id(custom), seen, in_tree, avals, perturbed)
         self.keepalive.append(custom)
-        hit = self.cache.get(key) if seen is not None else None
+        if seen is not None:
+            pending = self.in_progress.get(key)
+            if pending is not None:  # called from inside its own rules: recursion
+                return tree_util.tree_unflatten(pending.out_tree, pending.call(flat))
+            hit = self.cache.get(key)
+        else:
+            hit = None
         if hit is None:
-            hit = materialize(custom, static, nondiff, in_tree, avals, len(args), perturbed)
-            if seen is not None:
+            family = (kind, id(custom), in_tree, avals, perturbed)
+            relatives = [p for p in self.in_progress.values() if p.family == family]
+            refuse = None
+            if relatives:
+                # The same custom function, called from inside its own rules with other
+                # closed-over values (the tutorial's fixed_point: every level of its bwd
+                # solves with a new function).  If its primal has the same structure,
+                # it is the same rule at other values: recursion.
+                p_jaxpr, p_consts, _, out_tree = self._trace_primal(
+                    custom, static, nondiff, len(args), in_tree, avals, "custom primal")
+                shape = _structure(p_jaxpr, static)
+                for relative in relatives:
+                    if relative.structure == shape and relative.accepts_relatives:
+                        return tree_util.tree_unflatten(
+                            out_tree, relative.call_relative(p_jaxpr, p_consts, flat))
+                if len(relatives) >= _MAX_UNFOLDING:
+                    refuse = (f"the rules of '{naming.name_of(custom.fun)}' call it again "
+                              f"{_MAX_UNFOLDING} levels deep with closed-over values that change "
+                              f"at every level and a different structure, so its derivative "
+                              f"rules were not materialized to this order")
+            hit = materialize(custom, static, nondiff, in_tree, avals, len(args), perturbed,
+                              key if seen is not None else None, refuse)
+            if seen is not None and refuse is None:
                 self.cache[key] = hit
         rule, consts, out_tree, g = hit
         outs = g(*consts, *flat)
         return tree_util.tree_unflatten(out_tree, outs)
+
+    def _traced_recursively(self, key, pending: "_Pending", trace_rules, finish):
+        """Trace a rule's bodies with ``key`` marked in progress.  ``trace_rules()``
+        returns the rule's bodies and their closed-over values; ``finish(traced,
+        consts)`` builds the rule.  A rule that turned out to call itself is traced
+        again with those calls bound to the rule (see the module docstring)."""
+        if key is None:  # no fingerprint: only calls of the same structure recur
+            key = ("unfingerprinted", object())
+        self.in_progress[key] = pending
+        try:
+            traced = trace_rules()
+            if not pending.recursive:
+                return finish(traced, None)
+            consts = _dedupe(pending.p_consts + traced.consts)
+            if pending.relative_hits and len(consts) > len(pending.p_consts):
+                # Its rules close over values its primal does not read, so a call at
+                # other values cannot be given them: unfold those calls instead.
+                pending.accepts_relatives = False
+                pending.recursive = pending.relative_hits = False
+                traced = trace_rules()
+                if not pending.recursive:
+                    return finish(traced, None)
+                consts = _dedupe(pending.p_consts + traced.consts)
+            for _ in range(_SETTLE_ROUNDS):
+                pending.bind_to(consts)
+                traced = trace_rules()
+                grown = _dedupe(consts + pending.p_consts + traced.consts)
+                if len(grown) == len(consts):
+                    break
+                if pending.relative_hits:
+                    raise ClosureConversionError(
+                        f"the rules of '{pending.name}' close over values its primal does not "
+                        f"read only when they call it recursively; pass those values as arguments")
+                consts = grown
+            else:
+                raise ClosureConversionError(
+                    f"the rules of '{pending.name}' close over different values at every level "
+                    f"of their own recursion; pass those values as arguments")
+            rule, *rest = finish(traced, consts)
+            pending.resolve(rule)
+            return (rule, *rest)
+        finally:
+            del self.in_progress[key]
 
     def _merge(self, static, nondiff, n_args, dyn):
         full, s, d = [], iter(static), iter(dyn)
@@ -154,43 +208,53 @@ class TraceSession:
         jaxpr, consts, out_avals = jx.trace_flat(primal_flat, avals, label)
         return jaxpr, consts, out_avals, out_store["tree"]
 
-    def _materialize_vjp(self, cvjp, static, nondiff, in_tree, avals, n_args, perturbed):
+    def _materialize_vjp(self, cvjp, static, nondiff, in_tree, avals, n_args, perturbed, key,
+                         refuse=None):
         self.rules_traced += 1
         p_jaxpr, p_consts, out_avals, out_tree = self._trace_primal(
             cvjp, static, nondiff, n_args, in_tree, avals, "custom_vjp primal")
-        truncated = self.truncated(cvjp)
-        f_jaxpr = b_jaxpr = None
-        f_consts: list = []
-        b_consts: list = []
-        num_res = 0
-        if not any(perturbed):
-            f_jaxpr, f_consts, b_jaxpr, b_consts = _unperturbed_vjp(p_jaxpr, p_consts, avals,
-                                                                    out_avals)
-        elif not truncated:
+        pending = _Pending(naming.name_of(cvjp.fun), p_jaxpr, p_consts, out_tree,
+                           ("vjp", id(cvjp), in_tree, avals, perturbed),
+                           _structure(p_jaxpr, static))
+
+        def trace_rules() -> _Traced:
+            if not any(perturbed):
+                return _Traced(*_unperturbed_vjp(p_jaxpr, p_consts, avals, out_avals), 0)
+            if refuse is not None:
+                return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals, refuse), 0)
             try:
-                with self.inside_rules_of(cvjp):
-                    f_jaxpr, f_consts, num_res, res_layout = self._trace_vjp_fwd(
-                        cvjp, static, nondiff, n_args, in_tree, avals, out_tree, perturbed)
-                    b_jaxpr, b_consts = self._trace_vjp_bwd(
-                        cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
-                        res_layout, perturbed)
+                f_jaxpr, f_consts, num_res, res_layout = self._trace_vjp_fwd(
+                    cvjp, static, nondiff, n_args, in_tree, avals, out_tree, perturbed)
+                b_jaxpr, b_consts = self._trace_vjp_bwd(
+                    cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
+                    res_layout, perturbed)
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
-                num_res = 0
-                f_jaxpr, f_consts, b_jaxpr, b_consts = _refusing_vjp(
-                    p_jaxpr, p_consts, avals, out_avals, _rule_error("vjp", cvjp.fwd, e))
-        consts = _dedupe(p_consts + f_consts + b_consts)
-        n_c = len(consts)
-        call = _close(_with_consts(p_jaxpr, p_consts, consts))
-        fwd = _close(_with_consts(f_jaxpr, f_consts, consts)) if f_jaxpr is not None else None
-        bwd = _close(_with_consts(b_jaxpr, b_consts, consts)) if b_jaxpr is not None else None
-        info = self.info(cvjp.fun, consts, [cvjp.fun, cvjp.fwd, cvjp.bwd, *static])
-        info = _with_reverse_ok(info, call)
-        rule = VJPRule(info=info, call=call, fwd=fwd, bwd=bwd, num_consts=n_c, num_res=num_res,
-                       symbolic_zeros=bool(cvjp.symbolic_zeros),
-                       depth_limit=self.rule_depth if truncated else None)
-        return rule, consts, out_tree, build_custom_vjp(rule)
+                return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals,
+                                              _rule_error("vjp", cvjp.fwd, e)), 0)
+            return _Traced(f_jaxpr, f_consts, b_jaxpr, b_consts, num_res)
+
+        def rule_for(consts, fwd, bwd, num_res):
+            call = _close(_with_consts(p_jaxpr, p_consts, consts))
+            named = self.info(cvjp.fun, consts, [cvjp.fun, cvjp.fwd, cvjp.bwd, *static])
+            return VJPRule(info=_with_reverse_ok(named, call), call=call, fwd=fwd, bwd=bwd,
+                           num_consts=len(consts), num_res=num_res,
+                           symbolic_zeros=bool(cvjp.symbolic_zeros))
+
+        def provisional(consts):
+            return build_custom_vjp(rule_for(consts, LazyJaxpr(lambda: pending.rule.fwd),
+                                             LazyJaxpr(lambda: pending.rule.bwd), 0))
+
+        def finish(t: "_Traced", consts):
+            if consts is None:
+                consts = _dedupe(p_consts + t.consts)
+            rule = rule_for(consts, _close(_with_consts(t.first, t.first_consts, consts)),
+                            _close(_with_consts(t.second, t.second_consts, consts)), t.num_res)
+            return rule, consts, out_tree, build_custom_vjp(rule)
+
+        pending.provisional = provisional
+        return self._traced_recursively(key, pending, trace_rules, finish)
 
     def _trace_vjp_fwd(self, cvjp, static, nondiff, n_args, in_tree, avals, out_tree, perturbed):
         store = {}
@@ -254,33 +318,46 @@ class TraceSession:
                 for i, a in enumerate(args)]
         return self._call_custom("jvp", cjvp, args, self._materialize_jvp)
 
-    def _materialize_jvp(self, cjvp, static, nondiff, in_tree, avals, n_args, perturbed):
+    def _materialize_jvp(self, cjvp, static, nondiff, in_tree, avals, n_args, perturbed, key,
+                         refuse=None):
         self.rules_traced += 1
         p_jaxpr, p_consts, out_avals, out_tree = self._trace_primal(
             cjvp, static, nondiff, n_args, in_tree, avals, "custom_jvp primal")
-        truncated = self.truncated(cjvp)
-        j_jaxpr, j_consts = None, []
-        if not any(perturbed):
-            j_jaxpr, j_consts = _unperturbed_jvp(p_jaxpr, p_consts, avals, out_avals)
-        elif not truncated:
+        pending = _Pending(naming.name_of(cjvp.fun), p_jaxpr, p_consts, out_tree,
+                           ("jvp", id(cjvp), in_tree, avals, perturbed),
+                           _structure(p_jaxpr, static))
+
+        def trace_rules() -> _Traced:
+            if not any(perturbed):
+                return _Traced(*_unperturbed_jvp(p_jaxpr, p_consts, avals, out_avals))
+            if refuse is not None:
+                return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals, refuse))
             try:
-                with self.inside_rules_of(cjvp):
-                    j_jaxpr, j_consts = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
-                                                        out_avals, perturbed)
+                return _Traced(*self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
+                                                out_avals, perturbed))
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
-                j_jaxpr, j_consts = _refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
-                                                  _rule_error("jvp", cjvp.jvp, e))
-        consts = _dedupe(p_consts + j_consts)
-        call = _close(_with_consts(p_jaxpr, p_consts, consts))
-        jvp = _close(_with_consts(j_jaxpr, j_consts, consts)) if j_jaxpr is not None else None
-        info = self.info(cjvp.fun, consts, [cjvp.fun, cjvp.jvp, *static])
-        info = _with_reverse_ok(info, call)
-        rule = JVPRule(info=info, call=call, jvp=jvp, num_consts=len(consts),
-                       symbolic_zeros=bool(cjvp.symbolic_zeros),
-                       depth_limit=self.rule_depth if truncated else None)
-        return rule, consts, out_tree, build_custom_jvp(rule)
+                return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
+                                              _rule_error("jvp", cjvp.jvp, e)))
+
+        def rule_for(consts, jvp):
+            call = _close(_with_consts(p_jaxpr, p_consts, consts))
+            info = self.info(cjvp.fun, consts, [cjvp.fun, cjvp.jvp, *static])
+            return JVPRule(info=_with_reverse_ok(info, call), call=call, jvp=jvp,
+                           num_consts=len(consts), symbolic_zeros=bool(cjvp.symbolic_zeros))
+
+        def provisional(consts):
+            return build_custom_jvp(rule_for(consts, LazyJaxpr(lambda: pending.rule.jvp)))
+
+        def finish(t: "_Traced", consts):
+            if consts is None:
+                consts = _dedupe(p_consts + t.consts)
+            rule = rule_for(consts, _close(_with_consts(t.first, t.first_consts, consts)))
+            return rule, consts, out_tree, build_custom_jvp(rule)
+
+        pending.provisional = provisional
+        return self._traced_recursively(key, pending, trace_rules, finish)
 
     def _trace_jvp(self, cjvp, static, in_tree, avals, out_tree, out_avals, perturbed):
         n = len(avals)
@@ -320,12 +397,19 @@ class TraceSession:
         thunk = params["transpose_thunk"]
         ops = list(operands)
         callee_consts, res, lin = ops[:n_cc], ops[n_cc:n_cc + n_res], ops[n_cc + n_res:]
-        truncated = self.truncated(_LINEAR_CALL)
-        t_jaxpr, t_consts = None, []
-        if not truncated:
-            with self.inside_rules_of(_LINEAR_CALL):
-                t_closed, t_consts = thunk()  # the trace that made the call is still live
-            t_jaxpr = t_closed
+        # A transpose is traced now, while the trace is live.  One whose body binds
+        # linear_call with a transpose that binds it again, without end, would never
+        # finish: refuse nesting deeper than any real linear operator needs.
+        if self.linear_depth >= _MAX_LINEAR_NESTING:
+            raise ClosureConversionError(
+                f"linear_call transposes nest more than {_MAX_LINEAR_NESTING} deep: a transpose "
+                f"that binds linear_call with a transpose that binds it again never ends when "
+                f"traced; give the inner linear_call a transpose that does not")
+        self.linear_depth += 1
+        try:
+            t_jaxpr, t_consts = thunk()  # the trace that made the call is still live
+        finally:
+            self.linear_depth -= 1
         # New residuals: the callee's and the transpose's closed-over values, then the
         # user's residuals.  callee (cc, r, x) and transpose (tc, r, ct) both become
         # functions of (cc, tc, r, ...), ignoring the other's closed-over values.
@@ -333,19 +417,95 @@ class TraceSession:
         cc_avals = [jx.typeof(c) for c in callee_consts]
         tc_avals = [jx.typeof(c) for c in t_consts]
         callee_new = _close(_insert_inputs(callee.jaxpr, len(callee_consts), tc_avals))
-        transpose_new = None
-        if t_jaxpr is not None:
-            transpose_new = _close(_insert_inputs(t_jaxpr.jaxpr, 0, cc_avals))
+        transpose_new = _close(_insert_inputs(t_jaxpr.jaxpr, 0, cc_avals))
         info = RuleInfo(name="linear_call", source="<linear_call>", const_names=(),
                         closed_over=self.closed_over, max_forward_size=self.max_forward_size)
         rule = LinearRule(info=info, callee=callee_new, transpose=transpose_new,
-                          num_res=len(res_all),
-                          depth_limit=self.rule_depth if truncated else None)
+                          num_res=len(res_all))
         self.rules_traced += 1
         return bind_linear_rule(rule, [*res_all, *lin])
 
 
-_LINEAR_CALL = object()  # linear_call transposes share one recursion counter
+_MAX_LINEAR_NESTING = 32
+# Calls of one custom function nested in its own rules, each with a primal of another
+# structure, beyond which further levels are not materialized (differentiating to that
+# order raises, naming the function).
+_MAX_UNFOLDING = 8
+_SETTLE_ROUNDS = 8  # a recursive rule's closed-over values settle in one or two rounds
+
+
+class _Traced:
+    """A rule's traced bodies: (first, its closed-over values) and, for custom_vjp,
+    (second, its closed-over values) = fwd and bwd; for custom_jvp, first = jvp."""
+
+    def __init__(self, first, first_consts, second=None, second_consts=(), num_res=0):
+        self.first, self.first_consts = first, list(first_consts)
+        self.second, self.second_consts = second, list(second_consts)
+        self.num_res = num_res
+        self.consts = _dedupe(self.first_consts + self.second_consts)
+
+
+class _Pending:
+    """A custom function whose rules are being traced.  A call of it with the same
+    key from inside those rules is recursion: on the first tracing it evaluates the
+    primal (so the rules' closed-over values can be found), afterwards it binds a
+    function whose rule bodies are this rule's, once it is finished."""
+
+    def __init__(self, name: str, p_jaxpr, p_consts: list, out_tree, family, structure):
+        self.name = name
+        self.p_jaxpr, self.p_consts, self.out_tree = p_jaxpr, list(p_consts), out_tree
+        self.family, self.structure = family, structure
+        self.recursive = False
+        self.relative_hits = False  # called at other closed-over values (same structure)
+        self.accepts_relatives = True
+        self.provisional = None  # consts -> the rule's function, with lazy bodies
+        self.consts: list | None = None
+        self.g = None
+        self.rule = None
+
+    def call(self, flat: list) -> list:
+        self.recursive = True
+        if self.g is None:
+            return jx.eval_jaxpr(self.p_jaxpr, [], *self.p_consts, *flat)
+        return list(self.g(*self.consts, *flat))
+
+    def call_relative(self, p_jaxpr, p_consts: list, flat: list) -> list:
+        """A call with the same structure at other closed-over values ``p_consts``
+        (in the same positions as this rule's, which close over nothing else)."""
+        self.recursive = self.relative_hits = True
+        if self.g is None:
+            return jx.eval_jaxpr(p_jaxpr, [], *p_consts, *flat)
+        return list(self.g(*p_consts, *flat))
+
+    def bind_to(self, consts: list) -> None:
+        self.consts = list(consts)
+        self.g = self.provisional(self.consts)
+
+    def resolve(self, rule) -> None:
+        """The rule is finished: calls bound during its tracing are this rule."""
+        self.rule = rule
+        for attr in ("bwd", "jvp"):
+            fn = getattr(self.g, attr, None)
+            if fn is not None and hasattr(fn, "_jaxpr_cc_rule"):
+                fn._jaxpr_cc_rule = rule
+
+
+def _structure(p_jaxpr, static) -> tuple:
+    """What makes two calls of one custom function the same rule at other closed-over
+    values: the primal's jaxpr (closed-over values as inputs) and, for each static
+    argument, its code (a function) or its value."""
+    def shape(x):
+        code = getattr(x, "__code__", None)
+        if code is not None:
+            return ("code", code)
+        if isinstance(x, functools.partial):
+            return ("partial", shape(x.func), tuple(shape(a) for a in x.args))
+        try:
+            hash(x)
+            return ("value", x)
+        except TypeError:
+            return ("object", id(x))
+    return (str(p_jaxpr), tuple(shape(x) for x in static))
 
 
 def _rule_functions(kind: str, custom) -> tuple:
@@ -625,7 +785,7 @@ def session(**options):
     prev = current()
     _local.session = s
     try:
-        with _JIT_CACHE_CONTEXT(("jaxpr_cc", s.closed_over, s.max_forward_size, s.rule_depth)):
+        with _JIT_CACHE_CONTEXT(("jaxpr_cc", s.closed_over, s.max_forward_size)):
             yield s
     finally:
         _local.session = prev

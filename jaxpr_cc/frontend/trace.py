@@ -12,7 +12,7 @@ from ..ir.program import Program
 
 
 def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_size: int = 4096,
-          rule_depth: int = 3, **example_kwargs) -> Program:
+          **example_kwargs) -> Program:
     """Trace ``fun`` on example arguments into a first-order :class:`Program`.
 
     Arguments may be arrays, ``jax.ShapeDtypeStruct``s, Python scalars, or pytrees of
@@ -23,11 +23,15 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
     are traced while the trace is live; values they close over become explicit
     operands.  ``closed_over`` says how derivatives with respect to such values are
     formed ('auto', 'reverse', 'forward' or 'error'; see ``jaxpr_cc.closure.rules``),
-    ``max_forward_size`` bounds the forward policy, and ``rule_depth`` is how many
-    levels of rules-inside-rules are materialized (the derivative order supported
-    through self-referential rules such as a fixed-point solver's).  These three
-    keywords are options of ``trace`` and are not passed to ``fun``.
+    and ``max_forward_size`` bounds the forward policy.  These two keywords are
+    options of ``trace`` and are not passed to ``fun``.  A rule that calls its own
+    custom function (a fixed-point solver's fwd) is materialized once and called
+    recursively, so every derivative order the rules define works.
     """
+    if "rule_depth" in example_kwargs and "rule_depth" not in _parameters(fun):
+        raise TypeError(
+            "jaxpr_cc.trace: rule_depth was removed; recursion through custom rules is "
+            "finite now (any derivative order works): drop the argument")
     from ..closure.convert import convert_program
     from ..closure.session import session
 
@@ -44,8 +48,7 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
     except (TypeError, ValueError):
         pass
 
-    options = dict(closed_over=closed_over, max_forward_size=max_forward_size,
-                   rule_depth=rule_depth)
+    options = dict(closed_over=closed_over, max_forward_size=max_forward_size)
     with session(**options):
         closed, out_shape = jax.make_jaxpr(traced_fun, return_shape=True)(
             *example_args, **example_kwargs)
@@ -107,3 +110,10 @@ def _key_str(key: Any) -> str:
         if hasattr(key, attr):
             return str(getattr(key, attr))
     return str(key)
+
+
+def _parameters(fun) -> tuple:
+    try:
+        return tuple(inspect.signature(fun).parameters)
+    except (TypeError, ValueError):
+        return ()

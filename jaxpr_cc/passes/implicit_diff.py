@@ -247,7 +247,7 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
         # derivatives (a Hessian, a jvp of a gradient) are implicit as well.
         primal = build_custom_jvp(rule)
     return dict(call_jaxpr=call_region, jvp_jaxpr=region_from_closed_jaxpr(rule.jvp),
-                num_consts=0, symbolic_zeros=False, depth_limit=None, name=info.name,
+                num_consts=0, symbolic_zeros=False, name=info.name,
                 source=info.source, const_names=(), closed_over="auto", max_forward_size=4096,
                 reverse_ok=True)
 

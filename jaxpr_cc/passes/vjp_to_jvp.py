@@ -42,8 +42,7 @@ too) while reverse mode still runs bwd -- the two agree when bwd is the true
 derivative (a fixed-point solver's adjoint iteration), not when bwd changes
 gradients on purpose (gradient clipping).  Every custom_vjp_call is rewritten, in every region -- inside other
 rules' primals, fwd and bwd, loops and branches; ``rules=a,b`` selects rules by
-the user's function name.  Rules that were not materialized (``depth_limit`` set:
-the innermost level of a self-referential rule) are left as they are and counted.
+the user's function name.  A rule that calls itself is one function, rewritten once.
 """
 from __future__ import annotations
 
@@ -116,9 +115,6 @@ class _Rewriter:
             return
         if self.options.rules and p["name"] not in self.options.rules:
             self.ctx.count("calls-not-selected")
-            return
-        if p.get("depth_limit") is not None or "fwd_jaxpr" not in p:
-            self.ctx.count("calls-unmaterialized")
             return
         key = (id(p["call_jaxpr"]), id(p["fwd_jaxpr"]), id(p["bwd_jaxpr"]))
         if key not in self.built:
@@ -198,7 +194,7 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
                     consts_linear=consts_linear, use_primal=use_primal)
     params = dict(call_jaxpr=p["call_jaxpr"], jvp_jaxpr=jvp,
                   num_consts=0 if consts_linear else nc,
-                  symbolic_zeros=p["symbolic_zeros"], depth_limit=None)
+                  symbolic_zeros=p["symbolic_zeros"])
     params.update({f: p[f] for f in _INFO_FIELDS})
     if consts_linear:
         params["const_names"] = ()  # the closed-over values are ordinary inputs now
