@@ -381,11 +381,21 @@ def test_closure_convert_hoist_arrays_and_caching():
         conv((jnp.ones(2),), *hoisted)
 
 
-def test_rule_depth_truncation_is_explicit():
-    p = first_order(fp.newton_sqrt, 2.0, rule_depth=1)
-    np.testing.assert_allclose(jax.grad(p)(2.0), jax.grad(fp.newton_sqrt)(2.0), rtol=1e-6)
-    with pytest.raises(jaxpr_cc.RuleDepthError, match="rule_depth=2"):
-        jax.grad(jax.grad(p))(2.0)
+def test_rule_that_calls_itself_is_one_function_at_every_order():
+    # fixed_point's fwd calls fixed_point: recursion, not a tower of copies.
+    p = first_order(fp.newton_sqrt, 2.0)
+    text = str(p)
+    assert text.count("fwd_jaxpr=@") >= 1, text[:2000]
+    # sqrt(a): derivatives 1/(2 sqrt a), -1/(4 a^1.5), analytic.
+    a = 2.0
+    np.testing.assert_allclose(p(a), np.sqrt(a), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(p)(a), 0.5 / np.sqrt(a), rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(jax.grad(p))(a), -0.25 * a ** -1.5, rtol=1e-4)
+
+
+def test_rule_depth_is_gone_with_a_clear_error():
+    with pytest.raises(TypeError, match="rule_depth was removed"):
+        jaxpr_cc.trace(fp.newton_sqrt, 2.0, rule_depth=2)
 
 
 def test_trace_leaves_jax_untouched_outside_a_session():

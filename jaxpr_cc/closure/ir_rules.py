@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .rules import (JVPRule, LazyJaxpr, LinearRule, RuleInfo, VJPRule, bind_linear_rule,
+from .rules import (JVPRule, LazyJaxpr, LinearRule, RuleInfo, VJPRule, bind_linear_rule, body,
                     build_custom_jvp, build_custom_vjp, rule_of)
 
 FIRST_ORDER_KEYS = {
@@ -51,8 +51,8 @@ def _info_from(params: dict) -> RuleInfo:
 
 # ------------------------------------------------------------------ import
 def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
-    p = {"call_jaxpr": to_region(rule.call), "fwd_jaxpr": to_region(rule.fwd),
-         "bwd_jaxpr": to_region(rule.bwd)}
+    p = {"call_jaxpr": to_region(rule.call), "fwd_jaxpr": to_region(body(rule.fwd)),
+         "bwd_jaxpr": to_region(body(rule.bwd))}
     p.update(num_consts=rule.num_consts, num_res=rule.num_res,
              symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
@@ -60,14 +60,14 @@ def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
 
 
 def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
-    p = {"call_jaxpr": to_region(rule.call), "jvp_jaxpr": to_region(rule.jvp)}
+    p = {"call_jaxpr": to_region(rule.call), "jvp_jaxpr": to_region(body(rule.jvp))}
     p.update(num_consts=rule.num_consts, symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
     return p
 
 
 def _import_linear(jparams: dict, rule: LinearRule, to_region: Callable) -> dict:
-    p = {"callee": to_region(rule.callee), "transpose_jaxpr": to_region(rule.transpose)}
+    p = {"callee": to_region(rule.callee), "transpose_jaxpr": to_region(body(rule.transpose))}
     p.update(num_callee_consts=0, num_res=rule.num_res)
     return p
 

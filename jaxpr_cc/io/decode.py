@@ -15,6 +15,7 @@ import numpy as np
 from ..ir.equation import Equation
 from ..ir.graph_build import GraphLoader
 from ..ir.program import Program
+from ..ir.module import endless_cycle
 from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import (DebugInfo, Literal, NameScope, NameStack, NameTransform,
@@ -115,9 +116,7 @@ class _Decoder:
         if type(index) is not int or not 1 <= index < len(self.regions_json):
             raise FormatError(f"reference to region {str(index)[:20]}, which does not exist "
                               f"(regions 1..{len(self.regions_json) - 1} can be nested)")
-        if self.state[index] == 1:
-            raise FormatError(f"region {index} contains itself")
-        if self.state[index] == 2:  # shared by several equations: one object
+        if self.state[index] != 0:  # shared by several equations, or recursive: one object
             return self.shared[index]
         region = self.shared[index] = self.region(index)
         return region
@@ -223,6 +222,7 @@ class _Decoder:
             raise FormatError(f"{where}: 'closed' must be true or false")
         region = Region(closed=closed, effects=effects_codec.decode_effects(r["effects"]),
                         debug_info=_decode_debug_info(r["debug_info"]))
+        self.shared[index] = region  # a recursive rule's body refers to it while it is read
         env: list[Value] = []
         self._binders(r["consts"], region, env, const=True, closed=closed, where=f"{where} consts")
         self._binders(r["invars"], region, env, const=False, closed=closed, where=f"{where} invars")
@@ -388,6 +388,10 @@ class _Decoder:
         unused = [i for i, s in enumerate(self.state) if s != 2]
         if unused:
             raise FormatError(f"region {unused[0]} is not used by any equation")
+        cycle = endless_cycle(body)
+        if cycle is not None:
+            raise FormatError(f"a region contains itself ({cycle}); only a custom rule's body "
+                              f"may call its own function")
         unused_sets = [i for i in range(len(self.param_sets_json)) if i not in self.param_sets]
         if unused_sets:
             raise FormatError(f"parameter set {unused_sets[0]} is not used by any equation")

@@ -41,9 +41,9 @@ class _Encoder:
         # is written once and read back as one shared object.
         known = self.region_ids.get(id(region))
         if known is not None:
-            if known == 0 or self.regions[known] is None:
-                raise SaveError(f"cannot save {self.params.where}: a region contains itself")
-            return known
+            if known == 0:
+                raise SaveError(f"cannot save {self.params.where}: a region calls the program body")
+            return known  # written once; a recursive rule refers to itself by index
         where = self.params.where
         index = len(self.regions)
         self.region_ids[id(region)] = index

@@ -20,6 +20,30 @@ from .region import Region
 
 _IDENT = re.compile(r"[^A-Za-z0-9_]")
 
+# The params through which a region may (indirectly) call itself: the bodies of custom
+# rules (fwd, bwd, jvp, transpose), which JAX runs only when it differentiates, so a
+# recursive rule unfolds one level per derivative order.  Any other cycle (a loop body
+# that contains its own loop) would never end.
+RECURSIVE_PARAMS = frozenset({"fwd_jaxpr", "bwd_jaxpr", "jvp_jaxpr", "transpose_jaxpr"})
+
+
+def endless_cycle(entry: Region) -> str | None:
+    """A description of a cycle in the call graph that does not pass through a
+    custom rule's body (see ``RECURSIVE_PARAMS``), or None when there is none."""
+    import networkx as nx
+    graph = nx.DiGraph()
+    for region in entry.regions():
+        graph.add_node(id(region))
+        for eqn in region._order:
+            for key, _, callee in eqn.regions():
+                if key not in RECURSIVE_PARAMS:
+                    graph.add_edge(id(region), id(callee), label=f"{eqn.prim.name}.{key}")
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return None
+    return " -> ".join(graph.edges[u, v]["label"] for u, v in cycle)
+
 
 def call_counts(entry: Region) -> dict[int, int]:
     """How many param slots refer to each region reachable from ``entry`` (by id)."""

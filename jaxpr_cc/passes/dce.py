@@ -62,7 +62,15 @@ def _has_input_effects(eqn) -> bool:
 
 
 def _nested_count(eqn) -> int:
-    return sum(1 + _nested_count(e) for _, _, sub in eqn.regions() for e in sub.equations)
+    """Equations in the regions ``eqn`` calls, each region counted once."""
+    seen: set[int] = set()
+    n = 0
+    for _, _, sub in eqn.regions():
+        for region in sub.regions():
+            if id(region) not in seen:
+                seen.add(id(region))
+                n += len(region)
+    return n
 
 
 class _DCE:
@@ -94,6 +102,8 @@ class _DCE:
         hit = memo.get(key)
         if hit is not None:
             return hit
+        # While a region that calls itself is analysed, its inner call needs every input.
+        memo[key] = [True] * len(region.invars)
         live = {a for a, u in zip(region.outvars, used_outs) if u and type(a) is Value}
         for eqn in reversed(region.equations):
             used = [o in live for o in eqn.outputs]

@@ -98,6 +98,9 @@ class EffectOracle:
         key = id(region)
         hit = cache.get(key)
         if hit is None:
+            # A region that calls itself adds no effect through the cycle: answer False
+            # for it while its equations are being examined.
+            cache[key] = False
             hit = cache[key] = any(test(e) for e in region.equations)
             self._keep.append(region)
         return hit

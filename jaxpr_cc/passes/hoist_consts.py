@@ -136,6 +136,8 @@ class _Hoister:
         if hit is not None:
             return hit
         self._alive.append(region)
+        # A region that (recursively) calls itself: the cycle adds no work of its own.
+        self._needs[id(region)] = False
         found = region.consts is not None and any(self._big_enough(c) for c in region.consts)
         if not found and self.options.literals:
             found = any(is_literal(a) and self._big_enough(_literal_value(a))

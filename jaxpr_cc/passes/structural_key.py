@@ -44,6 +44,7 @@ class KeyMaker:
         self._regions: dict[int, tuple] = {}
         self._arrays: dict[int, tuple] = {}
         self._literals: dict[int, tuple] = {}
+        self._open: set[int] = set()  # regions whose key is being built
         self._keep: list[Any] = []  # keeps cached objects alive so their ids stay unique
 
     # ------------------------------------------------------------- params
@@ -138,6 +139,17 @@ class KeyMaker:
         key = self._regions.get(id(region))
         if key is not None:
             return key
+        if id(region) in self._open:
+            # A region that calls itself (recursion through a custom rule): inside its
+            # own key it stands for itself, so only calls of this very function match.
+            return ("recursive", _Identity(region))
+        self._open.add(id(region))
+        try:
+            return self._region_key(region)
+        finally:
+            self._open.discard(id(region))
+
+    def _region_key(self, region: Region) -> tuple:
         numbers: dict[Value, int] = {}
         for v in region.constvars + region.invars:
             numbers[v] = len(numbers)
