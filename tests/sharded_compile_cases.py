@@ -155,6 +155,31 @@ CASE_NAMES = ("named_inputs_no_in_shardings", "traced_under_set_mesh",
               "single_device_arguments_not_pinned")
 
 
+def load_with_one_device(out_dir: Path) -> int:
+    """In a process with one device: the program saved from 8-device arrays loads
+    (its argument placement is dropped: those devices are not here) and compiling
+    it asks for a mesh in one line."""
+    import jax
+
+    import jaxpr_cc
+    assert len(jax.devices()) == 1, jax.devices()
+    problems = []
+    try:
+        program = jaxpr_cc.load(str(out_dir / "named.jxp"))
+        if program.arg_shardings is not None:
+            problems.append(f"arg_shardings {program.arg_shardings} on one device")
+        try:
+            jaxpr_cc.compile(program)
+            problems.append("an 8-device program compiled on one device")
+        except ValueError as e:
+            if "set_mesh" not in str(e) or "\n" in str(e):
+                problems.append(f"message: {e}")
+    except Exception:
+        problems.append(traceback.format_exc())
+    print(json.dumps({"case": "load_with_one_device", "problems": problems}), flush=True)
+    return 1 if problems else 0
+
+
 def main(out_dir: Path) -> int:
     import jax
     assert len(jax.devices()) >= 8, jax.devices()
@@ -172,4 +197,6 @@ def main(out_dir: Path) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[2:] == ["--one-device"]:
+        sys.exit(load_with_one_device(Path(sys.argv[1])))
     sys.exit(main(Path(sys.argv[1])))

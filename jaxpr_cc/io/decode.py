@@ -390,8 +390,14 @@ class _Decoder:
             if not isinstance(arg_shardings, list) or len(arg_shardings) != n_args:
                 raise FormatError(f"'arg_shardings' must list one sharding or null per argument "
                                   f"leaf ({n_args})")
-            arg_shardings = [None if s is None else shardings.decode_named_sharding(s)
-                             for s in arg_shardings]
+            try:
+                arg_shardings = [None if s is None else shardings.decode_named_sharding(s)
+                                 for s in arg_shardings]
+            except shardings.MissingDevicesError:
+                # Where the arguments were placed is a default for compile, not part
+                # of the program: a process without those devices can still load,
+                # inspect and transform it (compile then asks for a mesh).
+                arg_shardings = None
         return Program(body, in_tree, out_tree, name=name, params=params,
                        arg_shardings=arg_shardings)
 
