@@ -135,6 +135,16 @@ def cases(out_dir: Path):
                 problems.append(f"message: {e}")
         return problems
 
+    def shape_dtype_structs_with_shardings():
+        # Traced from types with placements (as jax.jit(f).lower(*specs) takes them).
+        a_s, b_s = NamedSharding(auto, P("x", "y")), NamedSharding(auto, P("y", None))
+        specs = (jax.ShapeDtypeStruct(a_host.shape, a_host.dtype, sharding=a_s),
+                 jax.ShapeDtypeStruct(b_host.shape, b_host.dtype, sharding=b_s))
+        program = jaxpr_cc.trace(f, *specs)
+        a, b = jax.device_put(a_host, a_s), jax.device_put(b_host, b_s)
+        ref = jax.jit(f).lower(*specs).compile()(a, b)
+        return _round_trips(program, (a, b), ref, out_dir, "specs")
+
     def single_device_arguments_not_pinned():
         # Committed single-device arrays are not recorded (programs stay portable).
         x = jax.device_put(a_host, jax.devices()[3])
@@ -145,14 +155,14 @@ def cases(out_dir: Path):
         named_inputs_no_in_shardings, traced_under_set_mesh,
         explicit_axes_compiled_outside_set_mesh, partition_spec_in_shardings_under_set_mesh,
         partition_spec_without_mesh_is_refused, abstract_types_need_a_mesh,
-        single_device_arguments_not_pinned)}
+        shape_dtype_structs_with_shardings, single_device_arguments_not_pinned)}
 
 
 CASE_NAMES = ("named_inputs_no_in_shardings", "traced_under_set_mesh",
               "explicit_axes_compiled_outside_set_mesh",
               "partition_spec_in_shardings_under_set_mesh",
               "partition_spec_without_mesh_is_refused", "abstract_types_need_a_mesh",
-              "single_device_arguments_not_pinned")
+              "shape_dtype_structs_with_shardings", "single_device_arguments_not_pinned")
 
 
 def load_with_one_device(out_dir: Path) -> int:

@@ -63,8 +63,9 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
 
 
 def traced_arg_shardings(example_args: tuple, example_kwargs: dict) -> tuple | None:
-    """The shardings of the committed arrays on a device mesh among the example
-    arguments, one entry (or None) per flat leaf; None when there are none.
+    """The shardings of the committed arrays (and ShapeDtypeStructs) on a device mesh
+    among the example arguments, one entry (or None) per flat leaf; None when there
+    are none.
 
     Their avals carry only the abstract mesh: these are what let ``compile`` lay
     the arguments out as they were, as jax.jit does with committed arguments.
@@ -75,11 +76,13 @@ def traced_arg_shardings(example_args: tuple, example_kwargs: dict) -> tuple | N
 
 
 def _mesh_sharding(x: Any):
-    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+    if isinstance(x, jax.ShapeDtypeStruct):
+        sharding = x.sharding  # a placement given with the type, as jax.jit(f).lower takes it
+    elif isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and \
+            getattr(x, "committed", False):
+        sharding = x.sharding
+    else:
         return None
-    if not getattr(x, "committed", False):
-        return None
-    sharding = x.sharding
     if isinstance(sharding, jax.sharding.NamedSharding) and isinstance(
             sharding.mesh, jax.sharding.Mesh) and not sharding.mesh.empty:
         return sharding
