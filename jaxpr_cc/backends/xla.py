@@ -64,6 +64,39 @@ def _typed_sharding(aval) -> dict:
     return {"sharding": sharding}
 
 
+def _lowering_specs(program: Program, avals, in_flat) -> list:
+    """One ShapeDtypeStruct per compiled input.  An input whose type carries a
+    mesh (it was traced from an array sharded over a mesh, or under jax.set_mesh)
+    is lowered at a concrete sharding of that mesh: the one it is placed with,
+    else the context mesh's (jax.set_mesh) at the traced spec.  JAX cannot lower
+    an abstract mesh on its own."""
+    context = jax.sharding.get_mesh()
+    specs = []
+    for i, (aval, placed) in enumerate(zip(avals, in_flat)):
+        weak = getattr(aval, "weak_type", False)
+        typed = _typed_sharding(aval).get("sharding")
+        if typed is None:
+            specs.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=weak))
+            continue
+        if isinstance(placed, jax.sharding.Sharding):
+            sharding = placed
+        elif not context.empty and context.abstract_mesh == typed.mesh:
+            sharding = jax.sharding.NamedSharding(context, typed.spec)
+        elif isinstance(typed.mesh, jax.sharding.Mesh):
+            sharding = typed
+        else:
+            n_params = len(program.params)
+            what = (f"parameter {i}" if i < n_params else f"argument leaf {i - n_params}")
+            raise ValueError(
+                f"jaxpr_cc.compile({program.name}): {what} has type "
+                f"{aval.str_short(short_dtypes=True)} on mesh {typed.mesh} but no concrete mesh "
+                f"of that shape is known; compile under `with jax.set_mesh(mesh):` or pass "
+                f"in_shardings")
+        specs.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=weak,
+                                          sharding=sharding))
+    return specs
+
+
 # ------------------------------------------------------------------- compile
 def compile(program: Program, *, in_shardings: Any = None, out_shardings: Any = None,
             donate_argnums: int | Sequence[int] = (),
@@ -82,6 +115,10 @@ def compile(program: Program, *, in_shardings: Any = None, out_shardings: Any = 
                         f"{type(program).__name__}{hint}")
     args_tree, kwargs_tree = program.in_tree.children()
     flat_in = _flat_arg_shardings(program, in_shardings, args_tree, kwargs_tree)
+    if program.arg_shardings is not None and len(program.arg_shardings) == len(flat_in):
+        # Arguments the program was traced with as committed sharded arrays keep
+        # their layout unless in_shardings says otherwise (jax.jit's rule too).
+        flat_in = [s if s is not None else t for s, t in zip(flat_in, program.arg_shardings)]
     donated = _donated_leaves(program, donate_argnums, args_tree)
     return compile_flat(program, flat_in, out_shardings=out_shardings, donated=donated,
                         compiler_options=compiler_options)
@@ -114,14 +151,15 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
         jit_kwargs["out_shardings"] = out_shardings
     if donated:
         jit_kwargs["donate_argnums"] = tuple(sorted(n_params + i for i in donated))
-    lowered = jax.jit(tree_fun, **jit_kwargs).lower(*_specs(avals))
+    specs = _lowering_specs(program, avals, in_flat)
+    lowered = jax.jit(tree_fun, **jit_kwargs).lower(*specs)
     compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
 
     def export(in_s, out_s) -> Any:
         fun = lambda *flat: tuple(flat_fun(*flat))  # noqa: E731  (flat trees in the file)
         _name_function(fun, program.name)
         kw = {} if in_s is None else {"in_shardings": tuple(in_s), "out_shardings": tuple(out_s)}
-        return jax.export.export(jax.jit(fun, **kw))(*_specs(avals))
+        return jax.export.export(jax.jit(fun, **kw))(*specs)
 
     return Executable(name=program.name, compiled=compiled, lowered=lowered,
                       in_tree=program.in_tree, out_tree=out_tree, params=program.params,
@@ -172,14 +210,15 @@ def _flat_arg_shardings(program: Program, in_shardings: Any, args_tree, kwargs_t
     n_kw_leaves = kwargs_tree.num_leaves
     if in_shardings is None:
         return [None] * (n_arg_leaves + n_kw_leaves)
-    if isinstance(in_shardings, jax.sharding.Sharding):
-        return [in_shardings] * (n_arg_leaves + n_kw_leaves)
+    PartitionSpec = jax.sharding.PartitionSpec
+    if isinstance(in_shardings, (jax.sharding.Sharding, PartitionSpec)):
+        return [_resolve_spec(program, in_shardings)] * (n_arg_leaves + n_kw_leaves)
     if isinstance(in_shardings, list):
         in_shardings = tuple(in_shardings)
     skeleton = tree_util.tree_unflatten(args_tree, [0] * n_arg_leaves)
 
     def is_leaf(x):
-        return x is None or isinstance(x, jax.sharding.Sharding)
+        return x is None or isinstance(x, (jax.sharding.Sharding, PartitionSpec))
     try:
         full = jax.tree.broadcast(in_shardings, skeleton, is_leaf=is_leaf)
         flat = args_tree.flatten_up_to(full)
@@ -187,10 +226,23 @@ def _flat_arg_shardings(program: Program, in_shardings: Any, args_tree, kwargs_t
         raise ValueError(f"jaxpr_cc.compile({program.name}): in_shardings must be a sharding or "
                          f"a pytree prefix of the positional arguments {args_tree}: {e}") from None
     for s in flat:
-        if s is not None and not isinstance(s, jax.sharding.Sharding):
+        if s is not None and not isinstance(s, (jax.sharding.Sharding, PartitionSpec)):
             raise TypeError(f"jaxpr_cc.compile({program.name}): in_shardings entries must be "
-                            f"jax.sharding.Sharding or None, got {type(s).__name__}")
-    return list(flat) + [None] * n_kw_leaves
+                            f"jax.sharding.Sharding, PartitionSpec or None, got "
+                            f"{type(s).__name__}")
+    return [_resolve_spec(program, s) for s in flat] + [None] * n_kw_leaves
+
+
+def _resolve_spec(program: Program, sharding: Any):
+    """A PartitionSpec as jax.jit reads it: over the mesh set with jax.set_mesh."""
+    if not isinstance(sharding, jax.sharding.PartitionSpec):
+        return sharding
+    mesh = jax.sharding.get_mesh()
+    if mesh.empty:
+        raise RuntimeError(f"jaxpr_cc.compile({program.name}): in_shardings holds the "
+                           f"PartitionSpec {sharding} but no mesh is set; compile under "
+                           f"`with jax.set_mesh(mesh):` or pass NamedSharding(mesh, spec)")
+    return jax.sharding.NamedSharding(mesh, sharding)
 
 
 def _donated_leaves(program: Program, donate_argnums, args_tree) -> list[int]:

@@ -57,11 +57,39 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
     names = argument_names(fun, example_args, example_kwargs)
     program = Program.from_jaxpr(closed, in_tree=in_tree, out_tree=out_tree,
                                  name=getattr(inner, "__name__", "program"), arg_names=names)
+    program.arg_shardings = traced_arg_shardings(example_args, example_kwargs)
     if not program.is_first_order():
         # Rules JAX staged without us (e.g. a jit body cached before this trace):
         # materialize them from their thunks.
         convert_program(program, **options)
     return program
+
+
+def traced_arg_shardings(example_args: tuple, example_kwargs: dict) -> tuple | None:
+    """The shardings of the committed arrays (and ShapeDtypeStructs) on a device mesh
+    among the example arguments, one entry (or None) per flat leaf; None when there
+    are none.
+
+    Their avals carry only the abstract mesh: these are what let ``compile`` lay
+    the arguments out as they were, as jax.jit does with committed arguments.
+    Single-device placements are not kept, so programs stay portable."""
+    leaves = tree_util.tree_leaves((tuple(example_args), dict(example_kwargs)))
+    found = [_mesh_sharding(x) for x in leaves]
+    return tuple(found) if any(s is not None for s in found) else None
+
+
+def _mesh_sharding(x: Any):
+    if isinstance(x, jax.ShapeDtypeStruct):
+        sharding = x.sharding  # a placement given with the type, as jax.jit(f).lower takes it
+    elif isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and \
+            getattr(x, "committed", False):
+        sharding = x.sharding
+    else:
+        return None
+    if isinstance(sharding, jax.sharding.NamedSharding) and isinstance(
+            sharding.mesh, jax.sharding.Mesh) and not sharding.mesh.empty:
+        return sharding
+    return None
 
 
 def innermost_function(fun: Callable) -> Callable:

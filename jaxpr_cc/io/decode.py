@@ -28,9 +28,9 @@ from .param_codecs import ParamDecoder
 from .values import ArraySource, decode_host_value
 
 _DOC_KEYS = {"name", "in_tree", "out_tree", "params", "contexts", "arrays", "regions"}
-_DOC_KEYS_V2 = _DOC_KEYS | {"param_sets"}  # format version 2: shared parameter sets
 _REGION_KEYS = {"closed", "consts", "invars", "eqns", "outvars", "effects", "debug_info"}
 _EQN_REQUIRED = {"out", "type", "op", "in"}
+_OPTIONAL_DOC_KEYS = {"arg_shardings", "param_sets"}  # param_sets: format version 2
 _EQN_KEYS = _EQN_REQUIRED | {"params", "effects", "ctx", "scope", "names"}
 _MAX_NESTING = 64
 _NO_CONTEXT = object()
@@ -411,12 +411,27 @@ class _Decoder:
             if np.shape(value) != getattr(var.aval, "shape", None):
                 raise FormatError(f"bound parameter {i} does not have the type {var.aval} of "
                                   f"input {i}")
-        return Program(body, in_tree, out_tree, name=name, params=params)
+        arg_shardings = doc.get("arg_shardings")
+        if arg_shardings is not None:
+            if not isinstance(arg_shardings, list) or len(arg_shardings) != n_args:
+                raise FormatError(f"'arg_shardings' must list one sharding or null per argument "
+                                  f"leaf ({n_args})")
+            try:
+                arg_shardings = [None if s is None else shardings.decode_named_sharding(s)
+                                 for s in arg_shardings]
+            except shardings.MissingDevicesError:
+                # Where the arguments were placed is a default for compile, not part
+                # of the program: a process without those devices can still load,
+                # inspect and transform it (compile then asks for a mesh).
+                arg_shardings = None
+        return Program(body, in_tree, out_tree, name=name, params=params,
+                       arg_shardings=arg_shardings)
 
 
 def decode_program(doc: Any, arrays: ArraySource) -> Program:
     if not isinstance(doc, dict):
         raise FormatError("program.json is not a JSON object")
-    if set(doc) != _DOC_KEYS and set(doc) != _DOC_KEYS_V2:
-        raise FormatError(f"program.json has fields {sorted(doc)[:10]}; expected {sorted(_DOC_KEYS_V2)}")
+    if not _DOC_KEYS <= set(doc) <= _DOC_KEYS | _OPTIONAL_DOC_KEYS:
+        raise FormatError(f"program.json has fields {sorted(doc)[:10]}; expected {sorted(_DOC_KEYS)} "
+                          f"and optionally {sorted(_OPTIONAL_DOC_KEYS)}")
     return _Decoder(doc, arrays).program(doc)

@@ -191,16 +191,37 @@ class _Encoder:
         self.regions.append(None)
         self.region_ids[id(program.body)] = 0
         self.regions[0] = self._region(program.body, "body")
-        return {
+        param_sets = _share_param_sets(self.regions)
+        doc = {
             "name": program.name,
             "in_tree": in_tree,
             "out_tree": out_tree,
             "params": bound,
             "contexts": self.contexts,
             "arrays": self.arrays.descriptors,
-            "param_sets": _share_param_sets(self.regions),
-            "regions": self.regions,
         }
+        if param_sets:  # written only when some equations share their params
+            doc["param_sets"] = param_sets
+        doc["regions"] = self.regions
+        if program.arg_shardings is not None:
+            # Written only when there are some: files of unsharded programs are unchanged.
+            doc["arg_shardings"] = [_arg_sharding(s, f"cannot save {program.name}: argument "
+                                                     f"leaf {i} sharding")
+                                    for i, s in enumerate(program.arg_shardings)]
+        return doc
+
+
+def _arg_sharding(sharding, where: str):
+    import jax
+    if sharding is None:
+        return None
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        raise SaveError(f"{where}: only NamedSharding can be saved, got "
+                        f"{type(sharding).__name__}")
+    encoded = shardings.encode_named_sharding(sharding, where)
+    if shardings.decode_named_sharding(encoded) != sharding:
+        raise SaveError(f"{where}: {sharding} cannot be saved exactly")
+    return encoded
 
 
 def _share_param_sets(regions: list) -> list:

@@ -17,6 +17,10 @@ import numpy as np
 from .errors import FormatError, SaveError
 
 
+class MissingDevicesError(FormatError):
+    """A well-formed mesh or device that names devices this process does not have."""
+
+
 def _axis_name(name: Any, where: str) -> str:
     if type(name) is not str:
         raise SaveError(f"{where}: mesh axis name {name!r} is not a string")
@@ -132,13 +136,14 @@ def decode_mesh(obj: Any):
     try:
         available = {d.id: d for d in jax.devices(platform)}
     except RuntimeError:
-        raise FormatError(f"the program runs on {platform} devices, which this process "
-                          f"does not have") from None
+        raise MissingDevicesError(f"the program runs on {platform} devices, which this "
+                                  f"process does not have") from None
     missing = [i for i in ids if i not in available]
     if missing:
-        raise FormatError(f"the program's mesh uses {platform} devices {missing[:8]} but this "
-                          f"process has {len(available)} {platform} device(s); on CPU set "
-                          f"XLA_FLAGS=--xla_force_host_platform_device_count={max(ids) + 1}")
+        raise MissingDevicesError(
+            f"the program's mesh uses {platform} devices {missing[:8]} but this process has "
+            f"{len(available)} {platform} device(s); on CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={max(ids) + 1}")
     devices = np.array([available[i] for i in ids], dtype=object).reshape(shape)
     return jax.sharding.Mesh(devices, names, axis_types=types)
 
@@ -251,9 +256,9 @@ def decode_device(obj: Any):
     try:
         devices = {d.id: d for d in jax.devices(obj["platform"])}
     except RuntimeError:
-        raise FormatError(f"the program uses a {obj['platform']} device, which this process "
-                          f"does not have") from None
+        raise MissingDevicesError(f"the program uses a {obj['platform']} device, which this "
+                                  f"process does not have") from None
     if obj["id"] not in devices:
-        raise FormatError(f"the program uses {obj['platform']} device {obj['id']}, which this "
-                          f"process does not have")
+        raise MissingDevicesError(f"the program uses {obj['platform']} device {obj['id']}, "
+                                  f"which this process does not have")
     return devices[obj["id"]]

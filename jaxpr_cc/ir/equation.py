@@ -1,6 +1,7 @@
 """Equations: one primitive application, the nodes of a region's graph."""
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator
 
 from .value import Atom, Value
@@ -21,7 +22,7 @@ class Equation:
     """
 
     __slots__ = ("prim", "inputs", "outputs", "params", "effects", "source_info", "ctx",
-                 "region", "__weakref__")
+                 "_region_ref", "__weakref__")
 
     def __init__(self, prim, inputs: list[Atom], outputs: list[Value], params: dict,
                  effects=frozenset(), source_info=None, ctx=None):
@@ -32,10 +33,25 @@ class Equation:
         self.effects = effects
         self.source_info = source_info
         self.ctx = ctx
-        self.region = None  # the Region this equation lives in, set on insertion
+        self._region_ref = None  # the Region this equation lives in, set on insertion
         for i, out in enumerate(outputs):
             out.producer = self
             out.index = i
+
+    @property
+    def region(self):
+        """The Region this equation lives in (None when not inserted, or when the
+        region is gone)."""
+        ref = self._region_ref
+        return None if ref is None else ref()
+
+    @region.setter
+    def region(self, region) -> None:
+        # Held weakly: a region's graph holds its equations, and a strong
+        # back-pointer would make every region a reference cycle, keeping its
+        # constants (arrays the user's function closed over) alive after the last
+        # program holding it is dropped, until the garbage collector runs.
+        self._region_ref = None if region is None else weakref.ref(region)
 
     @property
     def name(self) -> str:

@@ -19,15 +19,21 @@ class Program:
     ``in_tree`` is the pytree structure of ``(args, kwargs)`` and ``out_tree`` the
     structure of the result, so ``program(*args, **kwargs)`` follows the original
     function's calling convention.
+
+    ``arg_shardings`` is None, or one ``jax.sharding.Sharding`` (or None) per flat
+    user-argument leaf: the shardings of the committed sharded arrays the program
+    was traced with.  ``jaxpr_cc.compile`` places those arguments the same way
+    unless told otherwise, as ``jax.jit(f).trace(*args).lower()`` does.
     """
 
     def __init__(self, body: Region, in_tree, out_tree, *, name: str = "program",
-                 params: Sequence[Any] = ()):
+                 params: Sequence[Any] = (), arg_shardings: Sequence[Any] | None = None):
         self.body = body
         self.in_tree = in_tree
         self.out_tree = out_tree
         self.name = name
         self.params = tuple(params)
+        self.arg_shardings = None if arg_shardings is None else tuple(arg_shardings)
 
     # --------------------------------------------------------- construction
     @classmethod
@@ -65,12 +71,12 @@ class Program:
     def copy(self) -> "Program":
         from .clone import clone_region
         return Program(clone_region(self.body), self.in_tree, self.out_tree, name=self.name,
-                       params=self.params)
+                       params=self.params, arg_shardings=self.arg_shardings)
 
     def replace(self, **changes) -> "Program":
         """A shallow copy with some fields changed (the body is shared unless given)."""
         fields = dict(body=self.body, in_tree=self.in_tree, out_tree=self.out_tree,
-                      name=self.name, params=self.params)
+                      name=self.name, params=self.params, arg_shardings=self.arg_shardings)
         fields.update(changes)
         body = fields.pop("body")
         in_tree = fields.pop("in_tree")

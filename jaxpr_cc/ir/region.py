@@ -12,6 +12,7 @@ made it invalid, keeping the existing order wherever it is valid.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterable, Iterator, Sequence
 
 import networkx as nx
@@ -21,22 +22,32 @@ from .value import Atom, Value, is_literal
 
 
 class RegionEntry:
-    """Sentinel node that defines a region's constants and inputs."""
-    __slots__ = ("region",)
+    """Sentinel node that defines a region's constants and inputs.  It refers to its region
+    weakly (see ``Equation.region``): the region's graph holds the sentinel."""
+    __slots__ = ("_region_ref",)
 
     def __init__(self, region):
-        self.region = region
+        self._region_ref = weakref.ref(region)
+
+    @property
+    def region(self):
+        return self._region_ref()
 
     def __repr__(self):
         return "<entry>"
 
 
 class RegionExit:
-    """Sentinel node that reads a region's outputs."""
-    __slots__ = ("region",)
+    """Sentinel node that reads a region's outputs.  It refers to its region
+    weakly (see ``Equation.region``): the region's graph holds the sentinel."""
+    __slots__ = ("_region_ref",)
 
     def __init__(self, region):
-        self.region = region
+        self._region_ref = weakref.ref(region)
+
+    @property
+    def region(self):
+        return self._region_ref()
 
     def __repr__(self):
         return "<exit>"
