@@ -111,6 +111,8 @@ class _ModuleEmitter:
         self.constants: list[str] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.module_defs: list[cst.BaseStatement] = []
+        self.shared_functions: dict[int, str] = {}  # region id -> module-level def
+        self._calls: dict[int, int] | None = None
         self.namedtuples: dict[tuple, str] = {}
         self.imports_from: list[str] = []
         self.uses_partition_spec = False
@@ -304,6 +306,13 @@ class _ModuleEmitter:
         return self.env[a]
 
     # ------------------------------------------------------------ custom rules
+    def is_shared(self, region: Region) -> bool:
+        """Whether the program calls ``region`` from more than one site."""
+        if self._calls is None:
+            from ..ir.module import call_counts
+            self._calls = call_counts(self.program.body)
+        return self._calls.get(id(region), 0) > 1
+
     def rule_key(self, eqn: Equation) -> str:
         """Structural identity of a custom equation's rule (its printed regions and
         params)."""
@@ -549,6 +558,9 @@ class _EqnContext(CustomRulesMixin):
         """A local function taking every region input as a parameter (named after the
         operands passed in) and returning its outputs (a bare value for one)."""
         em = self.emitter
+        shared = em.is_shared(region)
+        if shared and id(region) in em.shared_functions:
+            return em.shared_functions[id(region)]
         name = None
         if exact_name and exact_name.isidentifier() and em.namer.claim(exact_name):
             name = exact_name
@@ -559,6 +571,14 @@ class _EqnContext(CustomRulesMixin):
         hints = [operand_hints[offset + i] if 0 <= offset + i < len(operand_hints) else None
                  for i in range(len(region.invars))]
         params = em.name_binders(region.invars, hints)
+        if shared:
+            # A function called from several sites is one module-level def (it closes
+            # over nothing), so JAX traces it once and shares its jaxpr as before.
+            em.shared_functions[id(region)] = name
+            em.module_defs.append(em.function(region, name, params, [], 1, returns=flat_return))
+            if exact_name and name != exact_name:
+                em.module_defs.append(stmt(f"{name}.__name__ = {exact_name!r}"))
+            return name
         fdef = em.function(region, name, params, [], self.fn.depth + 1,
                            returns=flat_return)
         self.fn.body.append(fdef)
