@@ -165,6 +165,13 @@ class Program:
         return (f"<Program {self.name}: {len(self.arg_values)} inputs, "
                 f"{sum(1 for _ in self.body.walk())} equations, {len(self.body.outvars)} outputs>")
 
+    def functions(self) -> dict:
+        """The module's function table, ``{symbol: Region}``: the entry (named after
+        the program) first, then every region called from more than one site or
+        recursively, in the order they are first called (see ``ir/module.py``)."""
+        from .module import functions
+        return functions(self.body, self.name)
+
     def num_equations(self) -> int:
         """Equations in the body and every nested region."""
         return sum(1 for _ in self.body.walk())
