@@ -6,10 +6,11 @@ almost always tuples).  Every other value is a tagged object ``{"$t": TAG, "v":
 PAYLOAD}``, e.g. ``{"$t": "dtype", "v": "float32"}``,
 ``{"$t": "enum", "v": ["Precision", "HIGHEST"]}``, ``{"$t": "region", "v": 3}``.
 
-The encoder for a value is found by its type (walking the MRO, enums first); a type
-with no encoder raises ``SaveError`` naming the primitive and the parameter, so an
-unsavable program fails at save time, never at load time.  Decoders are looked up
-by tag; unknown tags are refused.
+The encoder for a value is the save aspect of its entry in the parameter-type
+registry (``ir.param_types``), which this module fills in; a type with no encoder
+raises ``SaveError`` naming the primitive and the parameter, so an unsavable program
+fails at save time, never at load time.  Decoders are looked up by tag; unknown tags
+are refused.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..ir import param_types
 from ..ir.region import Region
 from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
                            ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
@@ -40,21 +42,15 @@ _MAX_DEPTH = 200
 class Codec:
     tag: str
     encode: Callable[[Any, "ParamEncoder"], Any]   # value -> payload
-    decode: Callable[[Any, "ParamDecoder"], Any]   # payload -> value
-
-
-_BY_TYPE: dict[type, Codec] = {}
-_BY_TAG: dict[str, Codec] = {}
+    decode: Callable[[Any, "ParamDecoder"], Any] | None   # payload -> value
 
 
 def register(types_: tuple[type, ...] | type, tag: str, encode, decode) -> None:
-    codec = Codec(tag, encode, decode)
-    if tag in _BY_TAG:
-        raise ValueError(f"parameter codec tag {tag!r} is registered twice")
-    _BY_TAG[tag] = codec
-    for t in (types_ if isinstance(types_, tuple) else (types_,)):
-        _BY_TYPE[t] = codec
-    _resolve.cache_clear()
+    """Give the registry entries of ``types_`` the save aspect ``tag``/``encode`` and
+    register the decoder of ``tag``."""
+    param_types.add_decoder(tag, decode)
+    if encode is not None:
+        param_types.extend(types_, tag=tag, encode=encode)
 
 
 _ENUMS: dict[str, type] = {cls.__name__: cls
@@ -62,26 +58,17 @@ _ENUMS: dict[str, type] = {cls.__name__: cls
 _ENUM_NAMES = {cls: name for name, cls in _ENUMS.items()}
 
 
-@functools.lru_cache(maxsize=None)
-def _resolve(t: type) -> Codec | None:
-    if issubclass(t, enum.Enum):
-        return _BY_TAG["enum"] if t in _ENUM_NAMES else None
-    for base in t.__mro__:
-        codec = _BY_TYPE.get(base)
-        if codec is not None:
-            return codec
-    return None
-
-
 def codec_for(value: Any) -> Codec | None:
     """The codec that would encode ``value`` (None for JSON-native values and for
     values that cannot be saved)."""
-    return _resolve(type(value))
+    entry = param_types.entry_for(value)
+    if entry.encode is None or entry.tag is None:
+        return None
+    return Codec(entry.tag, entry.encode, param_types.decoder(entry.tag))
 
 
 def is_callable_param(value: Any) -> bool:
-    return isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
-                              functools.partial)) or type(value).__name__ == "WrappedFun" or (
+    return param_types.is_python_callable(value) or (
         callable(value) and not isinstance(value, type) and codec_for(value) is None)
 
 
@@ -101,22 +88,17 @@ class ParamEncoder:
 
     def encode(self, value: Any) -> Any:
         t = type(value)
-        if t is str or t is int or t is bool or value is None:
+        if t is str or t is int or t is bool or value is None:  # JSON-native (as their entries)
             return value
-        if t is float:
-            if math.isfinite(value):
-                return value
-            return {"$t": "float", "v": struct.pack(">d", value).hex()}
         self._depth += 1
         try:
             if self._depth > _MAX_DEPTH:
                 raise SaveError(f"cannot save {self.where}: nested too deeply")
-            if t is tuple:
-                return [self.encode(v) for v in value]
-            codec = _resolve(t)
-            if codec is None:
+            entry = param_types.entry_for(value)
+            if entry.encode is None:
                 raise SaveError(self._cannot(value))
-            return {"$t": codec.tag, "v": codec.encode(value, self)}
+            payload = entry.encode(value, self)
+            return payload if entry.tag is None else {"$t": entry.tag, "v": payload}
         finally:
             self._depth -= 1
 
@@ -127,8 +109,8 @@ class ParamEncoder:
                     f"({getattr(value, '__qualname__', t.__name__)}); only first-order programs "
                     f"can be saved: trace with jaxpr_cc.trace and run closure conversion so that "
                     f"custom rules are held as regions")
-        return (f"cannot save {self.where} of type {t.__module__}.{t.__qualname__}: "
-                f"no encoder for this type")
+        reason = param_types.entry_for(value).cannot_save or "no encoder for this type"
+        return f"cannot save {self.where} of type {t.__module__}.{t.__qualname__}: {reason}"
 
 
 # ------------------------------------------------------------------ decoder
@@ -154,16 +136,26 @@ class ParamDecoder:
             if t is dict:
                 if len(obj) != 2 or "$t" not in obj or "v" not in obj:
                     raise FormatError(f"malformed tagged parameter value (fields {sorted(obj)[:6]})")
-                codec = _BY_TAG.get(obj["$t"]) if type(obj["$t"]) is str else None
-                if codec is None:
+                decode = param_types.decoder(obj["$t"]) if type(obj["$t"]) is str else None
+                if decode is None:
                     raise FormatError(f"unknown parameter type tag {str(obj['$t'])[:40]!r}")
-                return codec.decode(obj["v"], self)
+                return decode(obj["v"], self)
             raise FormatError(f"malformed parameter value {str(obj)[:40]}")
         finally:
             self._depth -= 1
 
 
 # ---------------------------------------------------------- codec bodies
+def _enc_json(value, enc):
+    return value
+
+
+def _enc_float(value, enc):
+    if math.isfinite(value):
+        return value
+    return {"$t": "float", "v": struct.pack(">d", value).hex()}
+
+
 def _dec_float(v, dec):
     if type(v) is not str or len(v) != 16:
         raise FormatError("malformed float bits")
@@ -428,7 +420,19 @@ def _wrap(encode, decode):
 def _build_table() -> None:
     import jax
 
-    register((), "float", None, _dec_float)  # non-finite floats; finite ones are JSON numbers
+    # JSON's own values stand for themselves (no tag); a JSON array is a tuple.
+    param_types.extend((type(None), str, bool, int), encode=_enc_json)
+    param_types.extend(float, encode=_enc_float)  # non-finite floats are tagged "float"
+    param_types.extend(tuple, encode=lambda v, e: [e.encode(x) for x in v])
+    register((), "float", None, _dec_float)
+    param_types.extend(complex, cannot_save="complex parameters have no encoding in the format "
+                                            "(no JAX primitive holds one)")
+    param_types.extend(param_types.NAMEDTUPLE,
+                       cannot_save="a named tuple JAX does not define (its class is code)")
+    param_types.extend(enum.Enum, cannot_save="an enum JAX does not define as a parameter type")
+    param_types.extend(param_types.DEFAULT, cannot_save="no encoder for this type")
+    param_types.extend(param_types.DTYPE_LIKE, cannot_save="a dtype-like object that is not "
+                                                           "one of JAX's dtypes")
     register(list, "list", lambda v, e: [e.encode(x) for x in v],
              lambda v, d: [d.decode(x) for x in _list_payload(v, "list")])
     register(dict, "dict", _enc_dict, _dec_dict)
@@ -441,7 +445,7 @@ def _build_table() -> None:
     register((TypedInt, TypedFloat, TypedComplex), "typed_scalar", _enc_typed_scalar,
              _dec_typed_scalar)
     register((np.ndarray, jax.Array), "array", _enc_array, _dec_array)
-    register((), "enum", _enc_enum, _dec_enum)
+    register(tuple(_ENUM_NAMES), "enum", _enc_enum, _dec_enum)
     for cls in (jax.lax.GatherDimensionNumbers, jax.lax.ScatterDimensionNumbers,
                 jax.lax.ConvDimensionNumbers, jax.lax.DotAlgorithm):
         register(cls, cls.__name__, *_record(cls, tuple(cls._fields), positional=True))
@@ -465,6 +469,10 @@ def _build_table() -> None:
     register((ShapedArray, AbstractToken), "aval", _enc_aval, _dec_aval)
     register(Primitive, "primitive", _enc_primitive, _dec_primitive)
     register(types.FunctionType, "checkpoint_policy", _enc_function, _dec_function)
+    param_types.extend((types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+                        functools.partial),
+                       cannot_save="a Python callable is code, not data (only JAX's named "
+                                   "checkpoint policies are saved, by name)")
     register(jax.sharding.Mesh, "mesh", *_wrap(shardings.encode_mesh, shardings.decode_mesh))
     register(jax.sharding.AbstractMesh, "abstract_mesh",
              *_wrap(shardings.encode_abstract_mesh, shardings.decode_abstract_mesh))
