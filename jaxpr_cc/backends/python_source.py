@@ -435,6 +435,11 @@ class _ModuleEmitter:
                 raise PythonEmitError(
                     f"{self.program.name}: primitive {eqn.prim.name!r}: parameter {key!r} has no "
                     f"Python spelling ({e})") from None
+        library = _library_primitive_source(eqn.prim)
+        if library is not None:  # a numerical library's primitive, imported by name
+            self.use_helper("_import_callable")
+            return Call(f"{library}.bind", list(ctx.ins), kwargs,
+                        multiple=bool(eqn.prim.multiple_results), comment=NO_SPELLING)
         self.helpers.add("_bind")
         self.imports.update(HELPER_IMPORTS["_bind"])
         return Call("_bind", [repr(eqn.prim.name)] + list(ctx.ins), kwargs,
@@ -450,7 +455,9 @@ class _ModuleEmitter:
         src = param_source(value, dtype_objects=dtype_objects)
         for call, helper in (("_mesh(", "_mesh"), ("_prng_impl(", "_prng_impl"),
                              ("_copy_semantics(", "_copy_semantics"), ("_primitive(", "_bind"),
-                             ("_import_callable(", "_import_callable")):
+                             ("_import_callable(", "_import_callable"),
+                             ("_treedef(", "_treedef"), ("_library_instance(", "_library_instance"),
+                             ("_partial(", "_partial")):
             if call in src:
                 self.use_helper(helper)
         if "P(" in src:
@@ -629,3 +636,24 @@ class _EqnContext(CustomRulesMixin):
                            returns=returns)
         self.fn.body.append(fdef)
         return name
+
+
+def _library_primitive_source(prim) -> str | None:
+    """``_import_callable(module, name, None)`` for a primitive a numerical library
+    (``ir.library_refs``) defines; None for JAX's own primitives."""
+    from ..ir import library_refs
+    if not library_refs.in_library(type(prim).__module__) and not _defined_in_library(prim):
+        return None
+    try:
+        module, name = library_refs.reference(prim)[:2]
+    except library_refs.NotReachable:
+        return None
+    return f"_import_callable({module!r}, {name!r}, None)"
+
+
+def _defined_in_library(prim) -> bool:
+    import sys
+    from ..ir import library_refs
+    return any(library_refs.in_library(name) and any(v is prim for v in vars(mod).values())
+               for name, mod in list(sys.modules.items()) if mod is not None
+               and library_refs.in_library(name))

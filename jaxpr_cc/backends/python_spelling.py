@@ -9,7 +9,9 @@ the parameter.
 from __future__ import annotations
 
 import enum
+import functools
 import math
+import types
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,7 @@ import jax
 import jax.extend.core
 from jax import lax
 
-from ..ir import param_types
+from ..ir import library_refs, param_types
 from ..ir.arrays import to_numpy
 
 
@@ -159,8 +161,9 @@ class _Speller:
             t = type(value)
             if isinstance(value, tuple) and hasattr(value, "_fields"):
                 raise SpellingError(f"named tuple {t.__qualname__} has no spelling")
+            why = f" ({entry.cannot_spell})" if entry.cannot_spell else ""
             raise SpellingError(f"value of type {t.__module__}.{t.__qualname__} has no Python "
-                                f"source spelling")
+                                f"source spelling{why}")
         return entry.spell(value, self)
 
 
@@ -200,12 +203,6 @@ def _spell_dtype_like(value, sp) -> str:
         return _spell_dtype(value, sp)
     raise SpellingError(f"value of type {type(value).__module__}.{type(value).__qualname__} "
                         f"has no Python source spelling")
-
-
-def _spell_class(value, sp) -> str:
-    if issubclass(value, np.generic):
-        return _spell_dtype(value, sp)
-    raise SpellingError(f"the class {value.__qualname__} has no Python source spelling")
 
 
 def _spell_lax_named_tuple(qualified: str):
@@ -269,6 +266,82 @@ def _spell_tolerance(value, sp) -> str:
            f"ulps={sp.spell(value.ulps)})"
 
 
+def _library_reference_source(value) -> str:
+    ref = library_refs.reference(value)
+    src = f"_import_callable({ref[0]!r}, {ref[1]!r}, None)"
+    return f"type({src})" if len(ref) == 3 else src
+
+
+def _spell_library_object(value, sp) -> str:
+    """The default rule: an object of a numerical library by name (identity kept), else
+    its class and fields (``ir.library_refs``)."""
+    try:
+        return _library_reference_source(value)
+    except library_refs.NotReachable:
+        pass
+    state = library_refs.instance_state(value)
+    if state is None:
+        t = type(value)
+        raise SpellingError(f"value of type {t.__module__}.{t.__qualname__} has no Python "
+                            f"source spelling")
+    try:
+        cls = _library_reference_source(type(value))
+    except library_refs.NotReachable as e:
+        raise SpellingError(str(e)) from None
+    fields = ", ".join(f"{k!r}: {sp.spell(v)}" for k, v in state.items())
+    return f"_library_instance({cls}, {{{fields}}})"
+
+
+def _spell_library_class(value, sp) -> str:
+    if issubclass(value, np.generic):
+        return _spell_dtype(value, sp)
+    try:
+        return _library_reference_source(value)
+    except library_refs.NotReachable:
+        raise SpellingError(f"the class {value.__qualname__} has no Python source "
+                            f"spelling") from None
+
+
+def _spell_function(value, sp) -> str:
+    try:
+        return _library_reference_source(value)
+    except library_refs.NotReachable as e:
+        raise SpellingError(f"the Python callable {getattr(value, '__qualname__', value)} is "
+                            f"code, not data ({e})") from None
+
+
+def _spell_partial(value, sp) -> str:
+    return (f"_partial({sp.spell(value.func)}, {sp.spell(tuple(value.args))}, "
+            f"{sp.spell(dict(value.keywords))})")
+
+
+_BUILTIN_NODES = {tuple: "tuple", list: "list", dict: "dict", type(None): "type(None)"}
+
+
+def _spell_treedef(value, sp) -> str:
+    def node(treedef) -> str:
+        data = treedef.node_data()
+        if data is None:
+            return "'*'"
+        node_type, aux = data
+        head = _BUILTIN_NODES.get(node_type)
+        if head is None:
+            try:
+                head = _library_reference_source(node_type)
+            except library_refs.NotReachable as e:
+                raise SpellingError(f"pytree node {node_type.__qualname__}: {e}") from None
+        children = "".join(node(c) + ", " for c in treedef.children())
+        return f"({head}, {sp.spell(aux)}, ({children}))"
+    return f"_treedef({node(value)})"
+
+
+def _spell_shape_dtype_struct(value, sp) -> str:
+    if getattr(value, "sharding", None) is not None:
+        raise SpellingError("a ShapeDtypeStruct with a sharding has no spelling")
+    return (f"jax.ShapeDtypeStruct({tuple(value.shape)!r}, {dtype_object_source(value.dtype)}, "
+            f"weak_type={bool(value.weak_type)!r})")
+
+
 def _register_spellings() -> None:
     from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
@@ -281,7 +354,12 @@ def _register_spellings() -> None:
     spell(np.dtype, spell=_spell_dtype)
     spell(ExtendedDType, spell=_spell_dtype_like)
     spell(param_types.DTYPE_LIKE, spell=_spell_dtype_like)
-    spell(type, spell=_spell_class)
+    spell(type, spell=_spell_library_class)
+    spell(param_types.DEFAULT, spell=_spell_library_object)
+    spell(types.FunctionType, spell=_spell_function)
+    spell(functools.partial, spell=_spell_partial)
+    spell(type(jax.tree_util.tree_structure(0)), spell=_spell_treedef)
+    spell(jax.ShapeDtypeStruct, spell=_spell_shape_dtype_struct)
     for name, qualified in (("GatherDimensionNumbers", "lax.GatherDimensionNumbers"),
                             ("ScatterDimensionNumbers", "lax.ScatterDimensionNumbers"),
                             ("ConvDimensionNumbers", "lax.ConvDimensionNumbers")):
@@ -309,12 +387,9 @@ def _register_spellings() -> None:
               ShapedArray, AbstractToken, jax.sharding.SingleDeviceSharding, jax.Device,
               UnspecifiedValue, type(PartitionSpec.UNCONSTRAINED), lax.DotAlgorithm):
         spell(t, cannot_spell=by_rule)
-    import functools
-    import types
-    spell((types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial),
+    spell((types.MethodType, types.BuiltinFunctionType),
           cannot_spell="a Python callable is code; rules that take one import it by name")
     spell(param_types.NAMEDTUPLE, cannot_spell="a named tuple JAX does not export")
-    spell(param_types.DEFAULT, cannot_spell="no Python source spelling for this type")
 
 
 def _enum_source(value: enum.Enum) -> str:

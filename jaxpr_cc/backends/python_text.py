@@ -333,6 +333,32 @@ def _copy_semantics(name):
 
 HELPER_IMPORTS.update({"_prng_impl": (), "_copy_semantics": (), "_closed_over": (), "_custom_vjp_with_consts": (),
                        "_custom_jvp_with_consts": ()})
+HELPERS["_treedef"] = '''
+def _treedef(node):
+    """A pytree structure from its nodes: ``"*"`` a leaf, else (type, aux, children)."""
+    if node == "*":
+        return jax.tree_util.tree_structure(0)
+    node_type, aux, children = node
+    return jax.tree_util.PyTreeDef.from_node_data_and_children(
+        jax.tree_util.default_registry, (node_type, aux), [_treedef(c) for c in children])
+'''
+
+HELPERS["_library_instance"] = '''
+def _library_instance(cls, state):
+    """An instance of a library class with these fields, made without ``__init__``
+    (as pickle and tree_unflatten do)."""
+    obj = cls.__new__(cls)
+    for name, value in state.items():
+        object.__setattr__(obj, name, value)
+    return obj
+'''
+
+HELPERS["_partial"] = '''
+def _partial(func, args, keywords):
+    return functools.partial(func, *args, **keywords)
+'''
+
+HELPER_IMPORTS.update({"_treedef": (), "_library_instance": (), "_partial": ("functools",)})
 # Helpers that call other helpers.
 HELPER_DEPS = {"_custom_vjp_with_consts": ("_closed_over", "_dense"),
                "_custom_jvp_with_consts": ("_closed_over", "_dense")}

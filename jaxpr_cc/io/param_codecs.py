@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..ir import param_types
+from ..ir import library_refs, param_types
 from ..ir.region import Region
 from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
                            ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
@@ -45,10 +45,12 @@ class Codec:
     decode: Callable[[Any, "ParamDecoder"], Any] | None   # payload -> value
 
 
-def register(types_: tuple[type, ...] | type, tag: str, encode, decode) -> None:
+def register(types_: tuple[type, ...] | type, tag: str | None, encode, decode) -> None:
     """Give the registry entries of ``types_`` the save aspect ``tag``/``encode`` and
-    register the decoder of ``tag``."""
-    param_types.add_decoder(tag, decode)
+    register the decoder of ``tag``.  With ``tag`` None the encoder writes the tagged
+    object itself (a type saved in more than one form)."""
+    if tag is not None:
+        param_types.add_decoder(tag, decode)
     if encode is not None:
         param_types.extend(types_, tag=tag, encode=encode)
 
@@ -62,9 +64,13 @@ def codec_for(value: Any) -> Codec | None:
     """The codec that would encode ``value`` (None for JSON-native values and for
     values that cannot be saved)."""
     entry = param_types.entry_for(value)
-    if entry.encode is None or entry.tag is None:
+    if entry.encode is None or entry.name == "default" or _is_json_native(value):
         return None
     return Codec(entry.tag, entry.encode, param_types.decoder(entry.tag))
+
+
+def _is_json_native(value: Any) -> bool:
+    return value is None or type(value) in (bool, int, float, str, tuple)
 
 
 def is_callable_param(value: Any) -> bool:
@@ -104,6 +110,15 @@ class ParamEncoder:
 
     def _cannot(self, value: Any) -> str:
         t = type(value)
+        target = getattr(value, "callback_func", None)  # pure_callback / io_callback
+        if target is not None:
+            name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+            hint = ""
+            if name.startswith("equinox._errors."):
+                hint = ("; it is equinox's runtime error check (eqx.error_if): set "
+                        "EQX_ON_ERROR=nan before importing equinox to trace without it")
+            return (f"cannot save {self.where}: the callback {name} is Python code, not "
+                    f"data{hint}")
         if is_callable_param(value):
             return (f"cannot save {self.where}: it holds a Python callable "
                     f"({getattr(value, '__qualname__', t.__name__)}); only first-order programs "
@@ -225,9 +240,14 @@ def _enc_type(value, enc):
     if isinstance(value, type) and issubclass(value, np.generic):
         name = dtypes.dtype_name(np.dtype(value))
         if name is not None:
-            return name
+            return {"$t": "scalar_type", "v": name}
+    try:
+        return {"$t": "library_ref", "v": list(library_refs.reference(value))}
+    except library_refs.NotReachable:
+        pass
     raise SaveError(f"cannot save {enc.where}: the class {getattr(value, '__qualname__', value)} "
-                    f"(only numpy scalar types can be saved as classes)")
+                    f"(only numpy scalar types and classes of "
+                    f"{', '.join(library_refs.LIBRARY_PACKAGES)} can be saved as classes)")
 
 
 def _dec_type(v, dec):
@@ -324,7 +344,67 @@ def _dec_array(v, dec):
 
 
 def _enc_treedef(value, enc):
-    return pytrees.encode_treedef(value, enc.where)
+    try:
+        return {"$t": "treedef", "v": pytrees.encode_treedef(value, enc.where)}
+    except SaveError:
+        pass
+    # Custom nodes (a library primitive's operands: lineax operators, equinox Modules):
+    # each node as its class (by name) and auxiliary data (a parameter value itself).
+    return {"$t": "treedef_nodes", "v": _enc_nodes(value, enc, 0)}
+
+
+_BUILTIN_NODES = {"tuple": tuple, "list": list, "dict": dict, "None": type(None)}
+_BUILTIN_NODE_NAMES = {v: k for k, v in _BUILTIN_NODES.items()}
+
+
+def _enc_nodes(treedef, enc, depth):
+    if depth > _MAX_DEPTH:
+        raise SaveError(f"cannot save {enc.where}: pytree nested too deeply")
+    node_data = treedef.node_data()
+    if node_data is None:
+        return "*"
+    node_type, aux = node_data
+    name = _BUILTIN_NODE_NAMES.get(node_type)
+    if name is None:
+        try:
+            name = list(library_refs.reference(node_type))
+        except library_refs.NotReachable:
+            raise SaveError(f"cannot save {enc.where}: pytree node type {node_type.__module__}."
+                            f"{node_type.__qualname__} is not a class of "
+                            f"{', '.join(library_refs.LIBRARY_PACKAGES)}") from None
+    return {"node": name, "aux": enc.encode(aux),
+            "children": [_enc_nodes(c, enc, depth + 1) for c in treedef.children()]}
+
+
+def _dec_treedef_nodes(v, dec):
+    import jax
+    leaf = jax.tree_util.tree_structure(0)
+
+    def node(x, depth):
+        if depth > _MAX_DEPTH:
+            raise FormatError("pytree nested too deeply")
+        if x == "*":
+            return leaf
+        if not (isinstance(x, dict) and set(x) == {"node", "aux", "children"}
+                and isinstance(x["children"], list)):
+            raise FormatError("malformed pytree node")
+        if type(x["node"]) is str:
+            cls = _BUILTIN_NODES.get(x["node"])
+            if cls is None:
+                raise FormatError(f"unknown pytree node {x['node'][:40]!r}")
+        else:
+            cls = _dec_library_ref(x["node"], dec)
+        aux = dec.decode(x["aux"])
+        if cls is dict:
+            aux = list(aux) if isinstance(aux, tuple) else aux
+        children = [node(c, depth + 1) for c in x["children"]]
+        try:
+            return jax.tree_util.PyTreeDef.from_node_data_and_children(
+                jax.tree_util.default_registry, (cls, aux), children)
+        except (TypeError, ValueError) as e:
+            raise FormatError(f"invalid pytree node {getattr(cls, '__qualname__', cls)}: "
+                              f"{e}") from None
+    return node(v, 0)
 
 
 def _dec_treedef(v, dec):
@@ -377,8 +457,92 @@ _POLICY_NAMES = {id(v): k for k, v in _POLICIES.items()}
 def _enc_function(value, enc):
     name = _POLICY_NAMES.get(id(value))
     if name is not None and _POLICIES[name] is value:
-        return name
-    raise SaveError(enc._cannot(value))
+        return {"$t": "checkpoint_policy", "v": name}
+    try:  # a module-level function of a numerical library, by name
+        return {"$t": "library_ref", "v": list(library_refs.reference(value))}
+    except library_refs.NotReachable:
+        raise SaveError(enc._cannot(value)) from None
+
+
+def _enc_partial(value, enc):
+    # functools.partial of a library function with data arguments (equinox passes
+    # ``partial(while_loop, kind="lax")`` as a static field).
+    return {"func": enc.encode(value.func), "args": enc.encode(tuple(value.args)),
+            "keywords": enc.encode(dict(value.keywords))}
+
+
+def _dec_partial(v, dec):
+    if not (isinstance(v, dict) and set(v) == {"func", "args", "keywords"}):
+        raise FormatError("malformed partial")
+    func, args, keywords = dec.decode(v["func"]), dec.decode(v["args"]), dec.decode(v["keywords"])
+    if not callable(func) or type(args) is not tuple or type(keywords) is not dict \
+            or not all(type(k) is str for k in keywords):
+        raise FormatError("malformed partial")
+    return functools.partial(func, *args, **keywords)
+
+
+def _enc_library_object(value, enc):
+    """The default rule: an object of a numerical library, by name when it is reachable
+    from a library module (identity kept), else as its class and fields."""
+    try:
+        return {"$t": "library_ref", "v": list(library_refs.reference(value))}
+    except library_refs.NotReachable as e:
+        reason = str(e)
+    state = library_refs.instance_state(value)
+    if state is None:
+        raise SaveError(enc._cannot(value))
+    try:
+        cls = library_refs.reference(type(value))
+    except library_refs.NotReachable:
+        raise SaveError(f"cannot save {enc.where}: {reason}; its class is not reachable "
+                        f"by name either") from None
+    return {"$t": "library_instance",
+            "v": {"class": list(cls), "state": [[k, enc.encode(x)] for k, x in state.items()]}}
+
+
+def _dec_library_ref(v, dec):
+    if not (isinstance(v, list) and len(v) in (2, 3) and all(type(x) is str for x in v)):
+        raise FormatError("malformed library reference")
+    try:
+        return library_refs.resolve_reference(v)
+    except library_refs.NotReachable as e:
+        raise FormatError(f"library object {v[0][:60]}.{v[1][:60]}: {e}") from None
+
+
+def _dec_library_instance(v, dec):
+    if not (isinstance(v, dict) and set(v) == {"class", "state"} and isinstance(v["state"], list)):
+        raise FormatError("malformed library instance")
+    cls = _dec_library_ref(v["class"], dec)
+    if not isinstance(cls, type):
+        raise FormatError(f"{v['class'][1][:60]} is not a class")
+    state = {}
+    for item in v["state"]:
+        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is str):
+            raise FormatError("malformed library instance field")
+        state[item[0]] = dec.decode(item[1])
+    try:
+        return library_refs.rebuild_instance(cls, state)
+    except (TypeError, AttributeError) as e:
+        raise FormatError(f"cannot rebuild {cls.__qualname__}: {e}") from None
+
+
+def _enc_shape_dtype_struct(value, enc):
+    if getattr(value, "sharding", None) is not None:
+        raise SaveError(f"cannot save {enc.where}: a ShapeDtypeStruct with a sharding")
+    return {"shape": enc.encode(tuple(value.shape)), "dtype": _enc_dtype(value.dtype, enc),
+            "weak_type": bool(value.weak_type)}
+
+
+def _dec_shape_dtype_struct(v, dec):
+    import jax
+    if not (isinstance(v, dict) and set(v) == {"shape", "dtype", "weak_type"}):
+        raise FormatError("malformed ShapeDtypeStruct")
+    shape = dec.decode(v["shape"])
+    if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape) \
+            or type(v["weak_type"]) is not bool:
+        raise FormatError("malformed ShapeDtypeStruct")
+    return jax.ShapeDtypeStruct(shape, dtypes.dtype_from_name(v["dtype"]),
+                                weak_type=v["weak_type"])
 
 
 def _dec_function(v, dec):
@@ -430,7 +594,6 @@ def _build_table() -> None:
     param_types.extend(param_types.NAMEDTUPLE,
                        cannot_save="a named tuple JAX does not define (its class is code)")
     param_types.extend(enum.Enum, cannot_save="an enum JAX does not define as a parameter type")
-    param_types.extend(param_types.DEFAULT, cannot_save="no encoder for this type")
     param_types.extend(param_types.DTYPE_LIKE, cannot_save="a dtype-like object that is not "
                                                            "one of JAX's dtypes")
     register(list, "list", lambda v, e: [e.encode(x) for x in v],
@@ -440,7 +603,14 @@ def _build_table() -> None:
     register(set, "set", _enc_set, _dec_set(set))
     register(np.dtype, "dtype", _enc_dtype, _dec_dtype)
     register(ExtendedDType, "extended_dtype", _enc_dtype, _dec_dtype)
-    register(type, "scalar_type", _enc_type, _dec_type)
+    register(type, None, _enc_type, None)
+    register((), "scalar_type", None, _dec_type)
+    register((), "library_ref", None, _dec_library_ref)
+    register((), "library_instance", None, _dec_library_instance)
+    register(param_types.DEFAULT, None, _enc_library_object, None)
+    register(jax.ShapeDtypeStruct, "ShapeDtypeStruct", _enc_shape_dtype_struct,
+             _dec_shape_dtype_struct)
+    register(functools.partial, "partial", _enc_partial, _dec_partial)
     register(np.generic, "numpy_scalar", _enc_np_scalar, _dec_np_scalar)
     register((TypedInt, TypedFloat, TypedComplex), "typed_scalar", _enc_typed_scalar,
              _dec_typed_scalar)
@@ -464,13 +634,15 @@ def _build_table() -> None:
     register(Region, "region", _enc_region, _dec_region)
     register(Jaxpr, "jaxpr", _enc_jaxpr, _dec_jaxpr(closed=False))
     register(ClosedJaxpr, "closed_jaxpr", _enc_jaxpr, _dec_jaxpr(closed=True))
-    register(type(jax.tree_util.tree_structure(0)), "treedef", _enc_treedef, _dec_treedef)
+    register(type(jax.tree_util.tree_structure(0)), None, _enc_treedef, None)
+    register((), "treedef", None, _dec_treedef)
+    register((), "treedef_nodes", None, _dec_treedef_nodes)
     register(Effect, "effect", _enc_effect, _dec_effect)
     register((ShapedArray, AbstractToken), "aval", _enc_aval, _dec_aval)
     register(Primitive, "primitive", _enc_primitive, _dec_primitive)
-    register(types.FunctionType, "checkpoint_policy", _enc_function, _dec_function)
-    param_types.extend((types.FunctionType, types.MethodType, types.BuiltinFunctionType,
-                        functools.partial),
+    register(types.FunctionType, None, _enc_function, None)
+    register((), "checkpoint_policy", None, _dec_function)
+    param_types.extend((types.FunctionType, types.MethodType, types.BuiltinFunctionType),
                        cannot_save="a Python callable is code, not data (only JAX's named "
                                    "checkpoint policies are saved, by name)")
     register(jax.sharding.Mesh, "mesh", *_wrap(shardings.encode_mesh, shardings.decode_mesh))

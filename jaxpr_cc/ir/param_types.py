@@ -65,10 +65,14 @@ class ParamType:
             return self
         base = self.parent.merged()
         own = {a: getattr(self, a) for a in _ASPECTS}
-        if own["encode"] is not None:  # a type's own encoder comes with its own tag
-            own["tag"] = self.tag
-        return ParamType(self.name, **{a: v if v is not None else getattr(base, a)
-                                       for a, v in own.items()})
+        if own["encode"] is not None or own["cannot_save"]:  # own codec or own refusal
+            own["tag"] = self.tag if self.tag is not None else _REFUSED
+            own["encode"] = self.encode or _REFUSED
+        if own["cannot_spell"] and own["spell"] is None:
+            own["spell"] = _REFUSED
+        merged = {a: v if v is not None else getattr(base, a) for a, v in own.items()}
+        return ParamType(self.name, **{a: None if v is _REFUSED else v
+                                       for a, v in merged.items()})
 
     def missing(self) -> list[str]:
         """Aspects neither provided nor refused with a reason."""
@@ -80,6 +84,7 @@ class ParamType:
         return out
 
 
+_REFUSED = object()  # an aspect a type refuses (not inherited from its parent)
 _ASPECTS = ("print", "key", "tag", "encode", "spell", "cannot_save", "cannot_spell")
 _TABLE: dict[type, ParamType] = {}
 _DECODERS: dict[str, Callable[[Any, Any], Any]] = {}
