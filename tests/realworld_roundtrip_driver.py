@@ -18,6 +18,22 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def diffrax_tsit5(k):
+    import diffrax
+    sol = diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, args: -k * y), diffrax.Tsit5(),
+                              0.0, 1.0, 0.05, jnp.ones(2),
+                              adjoint=diffrax.RecursiveCheckpointAdjoint(),
+                              stepsize_controller=diffrax.ConstantStepSize())
+    return sol.ys[-1]
+
+
+def _programs():
+    from test_realworld import PROGRAMS
+    table = {f.__name__: (f, args) for f, args in PROGRAMS}
+    table["diffrax_tsit5"] = (diffrax_tsit5, (jnp.float32(0.7),))
+    return table
+
+
 def _loss(fun):
     return lambda *args: jnp.sum(fun(*args) ** 2)
 
@@ -29,8 +45,7 @@ def _grads(fun, args):
 def save(out_dir, names):
     import jaxpr_cc
     from jaxpr_cc.passes import DEFAULT_PIPELINE
-    from test_realworld import PROGRAMS
-    table = {f.__name__: (f, args) for f, args in PROGRAMS}
+    table = _programs()
     for name in names:
         fun, args = table[name]
         program = jaxpr_cc.run_passes(jaxpr_cc.trace(fun, *args), DEFAULT_PIPELINE)

@@ -150,10 +150,17 @@ def restore_expression(load: str, suffix: str) -> str:
 # ------------------------------------------------------------- parameters
 class _Speller:
     """The context spelling aspects recurse through (``ir.param_types``)."""
-    __slots__ = ("dtype_objects",)
+    __slots__ = ("dtype_objects", "held_jaxpr", "shared")
 
-    def __init__(self, dtype_objects: bool):
+    def __init__(self, dtype_objects: bool, held_jaxpr=None, shared=None):
         self.dtype_objects = dtype_objects
+        self.held_jaxpr = held_jaxpr  # the emitter's writer of a jaxpr held as data
+        self.shared = shared  # the emitter's binder of one object used in several places
+
+    def share(self, value: Any, source: str) -> str:
+        """``source`` for ``value``, an object compared by identity: the emitter binds it
+        once, so every use is the same object, as in the traced program."""
+        return source if self.shared is None else self.shared(value, source)
 
     def spell(self, value: Any) -> str:
         entry = param_types.entry_for(value)
@@ -170,14 +177,26 @@ class _Speller:
 _SPELLERS = (_Speller(False), _Speller(True))
 
 
-def param_source(value: Any, *, dtype_objects: bool = False) -> str:
+def param_source(value: Any, *, dtype_objects: bool = False, held_jaxpr=None,
+                 shared=None) -> str:
     """Source for a primitive parameter value, through the spelling aspect of its entry
     in the parameter-type registry.
 
     ``dtype_objects`` spells dtypes as ``np.dtype(...)`` objects (what ``bind``
-    needs) rather than scalar types (what the ``lax`` functions take).
+    needs) rather than scalar types (what the ``lax`` functions take).  ``held_jaxpr``
+    writes a jaxpr a parameter holds as data (a library primitive's) and returns the
+    expression that stages it again.
     """
+    if held_jaxpr is not None or shared is not None:
+        return _Speller(bool(dtype_objects), held_jaxpr, shared).spell(value)
     return _SPELLERS[bool(dtype_objects)].spell(value)
+
+
+def _spell_held_jaxpr(value, sp) -> str:
+    if sp.held_jaxpr is None:
+        raise SpellingError("a jaxpr held as data is written by the emitter of the equation "
+                            "that holds it")
+    return sp.held_jaxpr(value)
 
 
 def _spell_repr(value, sp) -> str:
@@ -289,7 +308,7 @@ def _spell_library_object(value, sp) -> str:
     except library_refs.NotReachable as e:
         raise SpellingError(str(e)) from None
     fields = ", ".join(f"{k!r}: {sp.spell(v)}" for k, v in state.items())
-    return f"_library_instance({cls}, {{{fields}}})"
+    return sp.share(value, f"_library_instance({cls}, {{{fields}}})")
 
 
 def _spell_library_class(value, sp) -> str:
@@ -311,8 +330,8 @@ def _spell_function(value, sp) -> str:
 
 
 def _spell_partial(value, sp) -> str:
-    return (f"_partial({sp.spell(value.func)}, {sp.spell(tuple(value.args))}, "
-            f"{sp.spell(dict(value.keywords))})")
+    return sp.share(value, f"_partial({sp.spell(value.func)}, {sp.spell(tuple(value.args))}, "
+                           f"{sp.spell(dict(value.keywords))})")
 
 
 _BUILTIN_NODES = {tuple: "tuple", list: "list", dict: "dict", type(None): "type(None)"}
@@ -383,7 +402,8 @@ def _register_spellings() -> None:
     from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, Jaxpr, ShapedArray,
                                UnspecifiedValue, dots_saveable_type, linear_solve_tuple_type)
     by_rule = "written by its primitive's emission rule, not as a value"
-    for t in (Region, Jaxpr, ClosedJaxpr, linear_solve_tuple_type(), dots_saveable_type(), Effect,
+    spell((Jaxpr, ClosedJaxpr), spell=_spell_held_jaxpr)
+    for t in (Region, linear_solve_tuple_type(), dots_saveable_type(), Effect,
               ShapedArray, AbstractToken, jax.sharding.SingleDeviceSharding, jax.Device,
               UnspecifiedValue, type(PartitionSpec.UNCONSTRAINED), lax.DotAlgorithm):
         spell(t, cannot_spell=by_rule)

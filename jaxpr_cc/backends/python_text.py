@@ -358,7 +358,24 @@ def _partial(func, args, keywords):
     return functools.partial(func, *args, **keywords)
 '''
 
-HELPER_IMPORTS.update({"_treedef": (), "_library_instance": (), "_partial": ("functools",)})
+HELPERS["_held_jaxpr"] = '''
+def _held_jaxpr(fn, n_consts, avals, closed):
+    """A jaxpr a library primitive holds as data, staged again from its function: the
+    first ``n_consts`` inputs become its constvars, as the library built it."""
+    import jax.extend.core
+    staged = jax.make_jaxpr(fn)(*[jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in avals])
+    if staged.consts:
+        raise ValueError("a held jaxpr staged constants of its own")
+    j = staged.jaxpr
+    dbg = j.debug_info
+    if dbg is not None and dbg.arg_names is not None:
+        dbg = dbg._replace(arg_names=dbg.arg_names[n_consts:])
+    held = jax.extend.core.Jaxpr(j.invars[:n_consts], j.invars[n_consts:], j.outvars, j.eqns,
+                                 j.effects, dbg)
+    return jax.extend.core.ClosedJaxpr(held, []) if closed else held
+'''
+
+HELPER_IMPORTS.update({"_held_jaxpr": (), "_treedef": (), "_library_instance": (), "_partial": ("functools",)})
 # Helpers that call other helpers.
 HELPER_DEPS = {"_custom_vjp_with_consts": ("_closed_over", "_dense"),
                "_custom_jvp_with_consts": ("_closed_over", "_dense")}

@@ -36,6 +36,8 @@ from . import dtypes, effects, primitives, pytrees, shardings
 from .errors import FormatError, SaveError
 
 _MAX_DEPTH = 200
+# Tags whose values compare by identity; equal payloads decode to one shared object.
+_SHARED_TAGS = frozenset({"partial", "library_instance"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +139,7 @@ class ParamDecoder:
         self.host_value = host_value
         self.avals = aval_codec
         self._depth = 0
+        self._shared: dict[tuple, Any] = {}
 
     def decode(self, obj: Any) -> Any:
         t = type(obj)
@@ -154,7 +157,17 @@ class ParamDecoder:
                 decode = param_types.decoder(obj["$t"]) if type(obj["$t"]) is str else None
                 if decode is None:
                     raise FormatError(f"unknown parameter type tag {str(obj['$t'])[:40]!r}")
-                return decode(obj["v"], self)
+                if obj["$t"] not in _SHARED_TAGS:
+                    return decode(obj["v"], self)
+                # Objects compared by identity (a partial, a library instance) that were
+                # one object when saved must be one object again: equinox checks that
+                # the static data a closure-converted function is called with *is* equal
+                # to the data it was traced with.
+                memo_key = (obj["$t"], json.dumps(obj["v"], sort_keys=True))
+                found = self._shared.get(memo_key)
+                if found is None:
+                    found = self._shared[memo_key] = decode(obj["v"], self)
+                return found
             raise FormatError(f"malformed parameter value {str(obj)[:40]}")
         finally:
             self._depth -= 1
