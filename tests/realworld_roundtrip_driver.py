@@ -57,8 +57,10 @@ def save(out_dir, names):
         np.savez(os.path.join(out_dir, f"{name}.npz"), **arrays)
         from jaxpr_cc.backends.python_source import write_python
         json.dump(record, open(os.path.join(out_dir, f"{name}.json"), "w"))
-        for kind, write in (("save", lambda: jaxpr_cc.save(program, os.path.join(out_dir, f"{name}.jcc"))),
-                            ("emit", lambda: write_python(program, os.path.join(out_dir, f"{name}_emitted.py")))):
+        saved = os.path.join(out_dir, f"{name}.jcc")
+        emitted = os.path.join(out_dir, f"{name}_emitted.py")
+        for kind, write in (("save", lambda: jaxpr_cc.save(program, saved)),
+                            ("emit", lambda: write_python(program, emitted))):
             try:
                 write()
                 record[kind] = "ok"
@@ -73,7 +75,8 @@ def check(out_dir, names):
     import jaxpr_cc
     for name in names:
         want = np.load(os.path.join(out_dir, f"{name}.npz"))
-        args = [jnp.asarray(want[f"arg{i}"]) for i in range(sum(k.startswith("arg") for k in want))]
+        n_args = sum(k.startswith("arg") for k in want)
+        args = [jnp.asarray(want[f"arg{i}"]) for i in range(n_args)]
         record = {"name": name}
         candidates = {}
         if os.path.exists(os.path.join(out_dir, f"{name}.jcc")):

@@ -663,7 +663,8 @@ def test_the_every_param_type_seed_holds_every_param_type():
     seen = {t["$t"] for _, t in _tagged_values(document_of(every_param_type_file()))}
     wanted = set()
     for f, args in PROGRAMS.values():
-        wanted |= {t["$t"] for _, t in _tagged_values(document_of(dumps(jaxpr_cc.trace(f, *args))))}
+        saved = dumps(jaxpr_cc.trace(f, *args))
+        wanted |= {t["$t"] for _, t in _tagged_values(document_of(saved))}
     lineax = dumps(jaxpr_cc.trace(test_realworld.lineax_lu, jnp.array([1.0, -1.0])))
     wanted |= {t["$t"] for _, t in _tagged_values(document_of(lineax))}
     assert {"treedef_nodes", "library_ref", "library_instance", "prng_impl", "enum",

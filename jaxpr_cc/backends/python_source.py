@@ -39,8 +39,8 @@ from ..ir.value import Value, is_literal
 from .python_names import ModuleNamer, to_identifier
 from .python_rules import FOLDS, NO_SPELLING, RULES, Call
 from .python_custom import CustomRulesMixin
-from .python_spelling import (SpellingError, array_literal_source, dtype_object_source, dtype_source,
-                              literal_source, param_source, restore_expression,
+from .python_spelling import (SpellingError, array_literal_source, dtype_object_source,
+                              dtype_source, literal_source, param_source, restore_expression,
                               sidecar_array)
 from .python_text import (HELPER_DEPS, HELPER_IMPORTS, HELPERS, Function, PythonEmitError, flat_return,
                           layout, render_call, stmt, tuple_src)
@@ -503,7 +503,8 @@ class _ModuleEmitter:
         for call, helper in (("_mesh(", "_mesh"), ("_prng_impl(", "_prng_impl"),
                              ("_copy_semantics(", "_copy_semantics"), ("_primitive(", "_bind"),
                              ("_import_callable(", "_import_callable"),
-                             ("_treedef(", "_treedef"), ("_library_instance(", "_library_instance"),
+                             ("_treedef(", "_treedef"),
+                             ("_library_instance(", "_library_instance"),
                              ("_partial(", "_partial")):
             if call in src:
                 self.use_helper(helper)
