@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import sys
 from typing import Any, Sequence
 
 import libcst as cst
@@ -687,9 +688,12 @@ class _EqnContext(CustomRulesMixin):
 
 def _library_primitive_source(prim) -> str | None:
     """``_import_callable(module, name, None)`` for a primitive a numerical library
-    (``ir.library_refs``) defines; None for JAX's own primitives."""
+    (``ir.library_refs``) defines, found by identity among the libraries' module
+    attributes (an index kept by ``library_refs``); None for JAX's own primitives."""
     from ..ir import library_refs
-    if not library_refs.in_library(type(prim).__module__) and not _defined_in_library(prim):
+    if not any(library_refs.in_library(name) for name in sys.modules):
+        return None
+    if id(prim) in _jax_primitive_ids():  # JAX's own, even if a library re-exports it
         return None
     try:
         module, name = library_refs.reference(prim)[:2]
@@ -698,9 +702,11 @@ def _library_primitive_source(prim) -> str | None:
     return f"_import_callable({module!r}, {name!r}, None)"
 
 
-def _defined_in_library(prim) -> bool:
-    import sys
-    from ..ir import library_refs
-    return any(library_refs.in_library(name) and any(v is prim for v in vars(mod).values())
-               for name, mod in list(sys.modules.items()) if mod is not None
-               and library_refs.in_library(name))
+_JAX_PRIMITIVE_IDS: set[int] = set()
+
+
+def _jax_primitive_ids() -> set[int]:
+    if not _JAX_PRIMITIVE_IDS:
+        from ..jax_adapter import primitives_registry
+        _JAX_PRIMITIVE_IDS.update(id(p) for found in primitives_registry().values() for p in found)
+    return _JAX_PRIMITIVE_IDS
