@@ -881,3 +881,15 @@ def registered_primitives() -> dict[str, str]:
             if isinstance(value, _core.Primitive):
                 found.setdefault(value.name, name)
     return found
+
+
+# ---------------------------------------------------------------------------
+# Jaxprs a library holds as parameter data (lineax's closure-converted operators):
+# emitted as a Python function over (constants, inputs) and staged again.
+def jaxpr_consts_as_inputs(jaxpr: Jaxpr) -> Jaxpr:
+    """``jaxpr`` with its constvars turned into leading invars."""
+    dbg = jaxpr.debug_info
+    if dbg is not None and dbg.arg_names is not None:
+        dbg = dbg._replace(arg_names=(*[None] * len(jaxpr.constvars), *dbg.arg_names))
+    return Jaxpr([], [*jaxpr.constvars, *jaxpr.invars], jaxpr.outvars, jaxpr.eqns,
+                 jaxpr.effects, dbg)

@@ -563,7 +563,137 @@ def custom_node_damage():
         yield f"custom node: truncated to {cut} bytes", data[:cut]
 
 
+# ------------------------------------------- a seed holding every parameter type
+def _every_param_type_program():
+    """One program calling every parameter-type program (tests/param_type_programs.py:
+    every lax family, PRNG impls, copy semantics, custom_linear_solve, shardings...)
+    and a lineax solve (a library primitive: pytree nodes as data, library objects
+    by name and by fields)."""
+    import lineax as lx
+    from param_type_programs import PROGRAMS
+    names = sorted(PROGRAMS)
+    matrix = jnp.array([[3.0, 1.0], [1.0, 2.0]])
+
+    def every_param_type(*args):
+        outs, k = [], 0
+        for name in names:
+            f, example = PROGRAMS[name]
+            outs.append(f(*args[k:k + len(example)]))
+            k += len(example)
+        outs.append(lx.linear_solve(lx.MatrixLinearOperator(matrix), args[k], lx.LU()).value)
+        return outs
+
+    flat = [a for name in names for a in PROGRAMS[name][1]] + [jnp.array([1.0, -1.0])]
+    return jaxpr_cc.trace(every_param_type, *flat)
+
+
+_EVERY: dict[str, bytes] = {}
+
+
+def every_param_type_file() -> bytes:
+    if "file" not in _EVERY:
+        _EVERY["file"] = dumps(_every_param_type_program())
+    return _EVERY["file"]
+
+
+def _tagged_values(node, path=()):
+    """(path, tagged value) of every tagged parameter value in a document."""
+    if isinstance(node, dict):
+        if set(node) == {"$t", "v"}:
+            yield path, node
+        for k, v in node.items():
+            yield from _tagged_values(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _tagged_values(v, path + (i,))
+
+
+def _replace_at(doc, path, value):
+    d = copy.deepcopy(doc)
+    target = d
+    for k in path[:-1]:
+        target = target[k]
+    target[path[-1]] = value
+    return d
+
+
+# Names outside the libraries a file may name: never imported, always refused.
+_FOREIGN_REFS = (["os", "system"], ["subprocess", "run"], ["builtins", "eval"],
+                 ["equinox", "__class__"], ["equinox.nope_module", "x"],
+                 ["lineax", "linear_solve.__globals__"], ["jax", "jit"], ["", ""])
+
+
+# Payloads no tag accepts (lists aside: a list of one empty tuple is a valid list).
+_BAD_PAYLOADS_FAST = ("x", ["os", "system"], {"$t": "bogus", "v": 1})
+_BAD_PAYLOADS = (None, [], {}, "x", 7, -1.5, [[]], {"$t": "bogus", "v": 1},
+                 ["os", "system"], {"class": ["os", "_wrap_close"], "state": []})
+_LIST_TAGS = ("list", "set", "frozenset")
+
+
+def every_param_type_damage(full: bool = False):
+    """Each parameter type's payload (one occurrence of every tag; two and more
+    payloads when ``full``) given wrong shapes, unknown tags, names outside the
+    libraries."""
+    data = every_param_type_file()
+    doc = document_of(data)
+    per_tag: dict[str, int] = collections.Counter()
+    for path, tagged in _tagged_values(doc):
+        tag = tagged["$t"]
+        per_tag[tag] += 1
+        if per_tag[tag] > (2 if full else 1):
+            continue
+        for bad in (_BAD_PAYLOADS if full else _BAD_PAYLOADS_FAST):
+            if bad == tagged["v"] or (tag in _LIST_TAGS and isinstance(bad, list)):
+                continue
+            d = _replace_at(doc, path, {"$t": tag, "v": bad})
+            yield f"every param type: {tag} at {path[-3:]} payload {bad!r}", d
+        if tag in ("library_ref", "library_instance", "treedef_nodes"):
+            for ref in _FOREIGN_REFS:
+                if tag == "library_ref":
+                    value = {"$t": tag, "v": ref}
+                elif tag == "library_instance":
+                    value = {"$t": tag, "v": {"class": ref, "state": []}}
+                else:
+                    value = {"$t": tag, "v": {"node": ref, "aux": None, "children": []}}
+                yield (f"every param type: {tag} naming {ref}",
+                       _replace_at(doc, path, value))
+
+
+def every_param_type_files(full: bool = False):
+    data = every_param_type_file()
+    for label, d in every_param_type_damage(full):
+        yield label, repack(data, doc=d)
+    for cut in range(0, len(data), max(1, len(data) // (60 if full else 15))):
+        yield f"every param type: truncated to {cut} bytes", data[:cut]
+
+
+@pytest.mark.heavy
+def test_every_param_type_seed_fully_damaged_is_refused(tmp_path):
+    path = tmp_path / "bad.jcc"
+    for label, data in every_param_type_files(full=True):
+        path.write_bytes(data)
+        refuse(path, label)
+
+
+def test_the_every_param_type_seed_holds_every_param_type():
+    """The seed holds every tag the parameter-type programs and a library primitive
+    save (so the damage above reaches every decoder they use)."""
+    from param_type_programs import PROGRAMS
+    import test_realworld
+    seen = {t["$t"] for _, t in _tagged_values(document_of(every_param_type_file()))}
+    wanted = set()
+    for f, args in PROGRAMS.values():
+        saved = dumps(jaxpr_cc.trace(f, *args))
+        wanted |= {t["$t"] for _, t in _tagged_values(document_of(saved))}
+    lineax = dumps(jaxpr_cc.trace(test_realworld.lineax_lu, jnp.array([1.0, -1.0])))
+    wanted |= {t["$t"] for _, t in _tagged_values(document_of(lineax))}
+    assert {"treedef_nodes", "library_ref", "library_instance", "prng_impl", "enum",
+            "LinearSolveTuple"} <= wanted
+    assert wanted - seen == set()
+
+
 GENERATORS = {
+    "every_param_type": lambda tmp: every_param_type_files(),
     "custom_node": lambda tmp: custom_node_damage(),
     "truncation": lambda tmp: truncations(),
     "byte_flip": lambda tmp: byte_flips(),

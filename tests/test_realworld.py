@@ -1,9 +1,9 @@
 """Programs written with the solver libraries (equinox, lineax, optimistix, diffrax).
 
 Each is traced with jaxpr-cc and compared with JAX itself (value and gradient), then
-run through the default pipeline, ``jaxpr_cc.compile`` and ``jaxpr_cc.jit``.  Saving
-and emitting programs that contain the libraries' own primitives (lineax's
-``linear_solve``, equinox's ``unvmap_any``) is not supported yet.
+run through the default pipeline, ``jaxpr_cc.compile`` and ``jaxpr_cc.jit``.  Saving,
+loading and emitting them (the libraries' own primitives included) is checked in fresh
+processes by tests/test_realworld_roundtrip.py.
 """
 import equinox as eqx
 import jax

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import sys
 from typing import Any, Sequence
 
 import libcst as cst
@@ -39,8 +40,8 @@ from ..ir.value import Value, is_literal
 from .python_names import ModuleNamer, to_identifier
 from .python_rules import FOLDS, NO_SPELLING, RULES, Call
 from .python_custom import CustomRulesMixin
-from .python_spelling import (SpellingError, array_literal_source, dtype_source,
-                              literal_source, param_source, restore_expression,
+from .python_spelling import (SpellingError, array_literal_source, dtype_object_source,
+                              dtype_source, literal_source, param_source, restore_expression,
                               sidecar_array)
 from .python_text import (HELPER_DEPS, HELPER_IMPORTS, HELPERS, Function, PythonEmitError, flat_return,
                           layout, render_call, stmt, tuple_src)
@@ -113,6 +114,7 @@ class _ModuleEmitter:
         self.module_defs: list[cst.BaseStatement] = []
         self.shared_functions: dict[int, str] = {}  # region id -> module-level def
         self._calls: dict[int, int] | None = None
+        self.shared_constants: dict[int, tuple] = {}  # id(value) -> (value, name)
         self.namedtuples: dict[tuple, str] = {}
         self.imports_from: list[str] = []
         self.uses_partition_spec = False
@@ -414,11 +416,18 @@ class _ModuleEmitter:
                     f"Python callable; the program is not first-order (trace it with "
                     f"jaxpr_cc.trace so custom rules become regions)")
             try:
-                kwargs.append((key, self.param(value, dtype_objects=True)))
+                kwargs.append((key, self.param(value, dtype_objects=True,
+                                               held_jaxpr=self._held_jaxpr,
+                                               shared=self._shared_constant)))
             except SpellingError as e:
                 raise PythonEmitError(
                     f"{self.program.name}: primitive {eqn.prim.name!r}: parameter {key!r} has no "
                     f"Python spelling ({e})") from None
+        library = _library_primitive_source(eqn.prim)
+        if library is not None:  # a numerical library's primitive, imported by name
+            self.use_helper("_import_callable")
+            return Call(f"{library}.bind", list(ctx.ins), kwargs,
+                        multiple=bool(eqn.prim.multiple_results), comment=NO_SPELLING)
         self.helpers.add("_bind")
         self.imports.update(HELPER_IMPORTS["_bind"])
         return Call("_bind", [repr(eqn.prim.name)] + list(ctx.ins), kwargs,
@@ -430,16 +439,62 @@ class _ModuleEmitter:
             self.helpers.add(dep)
             self.imports.update(HELPER_IMPORTS[dep])
 
-    def param(self, value: Any, *, dtype_objects: bool = False) -> str:
-        src = param_source(value, dtype_objects=dtype_objects)
+    def _held_jaxpr(self, jaxpr) -> str:
+        """A jaxpr a library primitive holds as data (lineax's closure-converted
+        operator): a module-level function over its constants and inputs, staged again
+        once by ``_held_jaxpr`` with the constants as constvars, as the library built
+        it (one object however often it is held: libraries compare it by identity)."""
+        from ..frontend.from_jaxpr import region_from_jaxpr
+        from ..jax_adapter import ClosedJaxpr, jaxpr_consts_as_inputs
+        known = self.shared_constants.get(id(jaxpr))
+        if known is not None:
+            return known[1]
+        closed = isinstance(jaxpr, ClosedJaxpr)
+        if closed and jaxpr.consts:
+            raise SpellingError("a held ClosedJaxpr with constants has no Python spelling")
+        open_jaxpr = jaxpr.jaxpr if closed else jaxpr
+        region = region_from_jaxpr(jaxpr_consts_as_inputs(open_jaxpr), None)
+        names = self.name_binders(region.invars, [None] * len(region.invars))
+        fdef = self.function(region, self.namer.fresh("held_jaxpr_fn"), names, [], 0,
+                             returns=tuple_src)
+        self.module_defs.append(fdef)
+        avals = ", ".join(f"({tuple(v.aval.shape)!r}, {dtype_object_source(v.aval.dtype)}, "
+                          f"{bool(getattr(v.aval, 'weak_type', False))!r})"
+                          for v in region.invars)
+        self.use_helper("_held_jaxpr")
+        return self._shared_constant(
+            jaxpr, f"_held_jaxpr({fdef.name.value}, {len(open_jaxpr.constvars)}, ({avals},), "
+                   f"{closed!r})", hint="held_jaxpr")
+
+    def _shared_constant(self, value: Any, source: str, hint: str = "shared") -> str:
+        """A module-level name bound once to ``source``, the spelling of ``value``."""
+        known = self.shared_constants.get(id(value))
+        if known is None:
+            name = self.namer.fresh(hint)
+            self._note_helpers(source)
+            self.module_defs.append(stmt(f"{name} = {source}"))
+            known = self.shared_constants[id(value)] = (value, name)
+        return known[1]
+
+    def param(self, value: Any, *, dtype_objects: bool = False, held_jaxpr=None,
+              shared=None) -> str:
+        src = param_source(value, dtype_objects=dtype_objects, held_jaxpr=held_jaxpr,
+                           shared=shared)
+        self._note_helpers(src)
+        return src
+
+    def _note_helpers(self, src: str) -> None:
+        """Define the helpers the spelling ``src`` calls."""
         for call, helper in (("_mesh(", "_mesh"), ("_prng_impl(", "_prng_impl"),
                              ("_copy_semantics(", "_copy_semantics"), ("_primitive(", "_bind"),
-                             ("_import_callable(", "_import_callable")):
+                             ("_import_callable(", "_import_callable"),
+                             ("_treedef(", "_treedef"),
+                             ("_library_instance(", "_library_instance"),
+                             ("_partial(", "_partial")):
             if call in src:
                 self.use_helper(helper)
         if "P(" in src:
             self.uses_partition_spec = True
-        return src
 
     # ------------------------------------------------------------ functions
     def function(self, region: Region, name: str, params: list[str], prologue: list[str],
@@ -624,3 +679,29 @@ class _EqnContext(CustomRulesMixin):
                            returns=returns)
         self.fn.body.append(fdef)
         return name
+
+
+def _library_primitive_source(prim) -> str | None:
+    """``_import_callable(module, name, None)`` for a primitive a numerical library
+    (``ir.library_refs``) defines, found by identity among the libraries' module
+    attributes (an index kept by ``library_refs``); None for JAX's own primitives."""
+    from ..ir import library_refs
+    if not any(library_refs.in_library(name) for name in sys.modules):
+        return None
+    if id(prim) in _jax_primitive_ids():  # JAX's own, even if a library re-exports it
+        return None
+    try:
+        module, name = library_refs.reference(prim)[:2]
+    except library_refs.NotReachable:
+        return None
+    return f"_import_callable({module!r}, {name!r}, None)"
+
+
+_JAX_PRIMITIVE_IDS: set[int] = set()
+
+
+def _jax_primitive_ids() -> set[int]:
+    if not _JAX_PRIMITIVE_IDS:
+        from ..jax_adapter import primitives_registry
+        _JAX_PRIMITIVE_IDS.update(id(p) for found in primitives_registry().values() for p in found)
+    return _JAX_PRIMITIVE_IDS

@@ -9,7 +9,9 @@ the parameter.
 from __future__ import annotations
 
 import enum
+import functools
 import math
+import types
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ import jax
 import jax.extend.core
 from jax import lax
 
+from ..ir import library_refs, param_types
 from ..ir.arrays import to_numpy
 
 
@@ -145,92 +148,268 @@ def restore_expression(load: str, suffix: str) -> str:
 
 
 # ------------------------------------------------------------- parameters
-def _named_tuple_source(value, qualified: str) -> str:
-    inner = ", ".join(f"{f}={param_source(getattr(value, f))}" for f in value._fields)
-    return f"{qualified}({inner})"
+class _Speller:
+    """The context spelling aspects recurse through (``ir.param_types``)."""
+    __slots__ = ("dtype_objects", "held_jaxpr", "shared")
+
+    def __init__(self, dtype_objects: bool, held_jaxpr=None, shared=None):
+        self.dtype_objects = dtype_objects
+        self.held_jaxpr = held_jaxpr  # the emitter's writer of a jaxpr held as data
+        self.shared = shared  # the emitter's binder of one object used in several places
+
+    def share(self, value: Any, source: str) -> str:
+        """``source`` for ``value``, an object compared by identity: the emitter binds it
+        once, so every use is the same object, as in the traced program."""
+        return source if self.shared is None else self.shared(value, source)
+
+    def spell(self, value: Any) -> str:
+        entry = param_types.entry_for(value)
+        if entry.spell is None:
+            t = type(value)
+            if isinstance(value, tuple) and hasattr(value, "_fields"):
+                raise SpellingError(f"named tuple {t.__qualname__} has no spelling")
+            why = f" ({entry.cannot_spell})" if entry.cannot_spell else ""
+            raise SpellingError(f"value of type {t.__module__}.{t.__qualname__} has no Python "
+                                f"source spelling{why}")
+        return entry.spell(value, self)
 
 
-_LAX_TYPES = {
-    "GatherDimensionNumbers": "lax.GatherDimensionNumbers",
-    "ScatterDimensionNumbers": "lax.ScatterDimensionNumbers",
-    "ConvDimensionNumbers": "lax.ConvDimensionNumbers",
-}
-
-_LAX_ENUMS = {"GatherScatterMode", "RoundingMethod", "FftType", "Precision",
-              "DotAlgorithmPreset"}
+_SPELLERS = (_Speller(False), _Speller(True))
 
 
-def param_source(value: Any, *, dtype_objects: bool = False) -> str:
-    """Source for a primitive parameter value.
+def param_source(value: Any, *, dtype_objects: bool = False, held_jaxpr=None,
+                 shared=None) -> str:
+    """Source for a primitive parameter value, through the spelling aspect of its entry
+    in the parameter-type registry.
 
     ``dtype_objects`` spells dtypes as ``np.dtype(...)`` objects (what ``bind``
-    needs) rather than scalar types (what the ``lax`` functions take).
+    needs) rather than scalar types (what the ``lax`` functions take).  ``held_jaxpr``
+    writes a jaxpr a parameter holds as data (a library primitive's) and returns the
+    expression that stages it again.
     """
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-    rec = lambda v: param_source(v, dtype_objects=dtype_objects)  # noqa: E731
-    if value is None or isinstance(value, (bool, str)):
-        return repr(value)
-    if isinstance(value, enum.Enum):  # before numbers: IntEnum params (FftType) are ints too
-        return _enum_source(value)
+    if held_jaxpr is not None or shared is not None:
+        return _Speller(bool(dtype_objects), held_jaxpr, shared).spell(value)
+    return _SPELLERS[bool(dtype_objects)].spell(value)
+
+
+def _spell_held_jaxpr(value, sp) -> str:
+    if sp.held_jaxpr is None:
+        raise SpellingError("a jaxpr held as data is written by the emitter of the equation "
+                            "that holds it")
+    return sp.held_jaxpr(value)
+
+
+def _spell_repr(value, sp) -> str:
+    return repr(value)
+
+
+def _spell_number(value, sp) -> str:
+    return python_scalar_source(value)
+
+
+def _spell_numpy_scalar(value, sp) -> str:
     if isinstance(value, (np.integer, np.bool_)):
         return python_scalar_source(value)  # JAX treats integer params by value
-    if isinstance(value, (int, float, complex, np.generic)) and not isinstance(value, np.dtype):
-        if isinstance(value, np.generic):
-            return f"{dtype_source(value.dtype)}({python_scalar_source(value)})"
-        return python_scalar_source(value)
-    if is_dtype(value) or (hasattr(value, "dtype") and type(value).__name__.endswith("DType")):
-        return dtype_object_source(value) if dtype_objects else dtype_source(value)
-    name = type(value).__name__
-    if name in _LAX_TYPES and hasattr(value, "_fields"):
-        return _named_tuple_source(value, _LAX_TYPES[name])
-    if isinstance(value, PartitionSpec):
-        parts = ", ".join(rec(p) if not isinstance(p, tuple) else
-                          "(" + ", ".join(map(repr, p)) + ("," if len(p) == 1 else "") + ")"
-                          for p in value)
-        extra = ""
-        unreduced = getattr(value, "unreduced", None)
-        if unreduced:
-            extra += f"{', ' if parts else ''}unreduced={rec(frozenset(unreduced))}"
-        return f"P({parts}{extra})"
-    if isinstance(value, NamedSharding):
-        kind = "" if value.memory_kind in (None, "device") else f", memory_kind={value.memory_kind!r}"
-        return f"jax.sharding.NamedSharding({mesh_source(value.mesh)}, {rec(value.spec)}{kind})"
-    if isinstance(value, Mesh) or type(value).__name__ == "AbstractMesh":
-        return mesh_source(value)
-    if isinstance(value, (frozenset, set)):
-        items = sorted((rec(v) for v in value))
-        return "frozenset({" + ", ".join(items) + "})" if items else "frozenset()"
-    from ..jax_adapter import linear_solve_tuple_type, prng_impl_by_name, prng_impl_type
-    if isinstance(value, prng_impl_type()):
-        if prng_impl_by_name(value.name) is not value:
-            raise SpellingError(f"PRNG implementation {value.name!r} is not registered with JAX "
-                                f"under that name")
-        return f"_prng_impl({value.name!r})"
-    if isinstance(value, tuple):
-        if hasattr(value, "_fields"):
-            raise SpellingError(f"named tuple {type(value).__qualname__} has no spelling")
-        inner = ", ".join(rec(v) for v in value)
-        return f"({inner}{',' if len(value) == 1 else ''})"
-    if isinstance(value, list):
-        return "[" + ", ".join(rec(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{rec(k)}: {rec(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (np.ndarray, jax.Array)):
-        return array_literal_source(value)
-    if isinstance(value, jax.lax.RaggedDotDimensionNumbers):
-        return (f"lax.RaggedDotDimensionNumbers(dot_dimension_numbers="
-                f"{rec(value.dot_dimension_numbers)}, lhs_ragged_dimensions="
-                f"{rec(value.lhs_ragged_dimensions)}, rhs_group_dimensions="
-                f"{rec(value.rhs_group_dimensions)})")
-    if isinstance(value, jax.lax.Tolerance):
-        return (f"lax.Tolerance(atol={rec(value.atol)}, rtol={rec(value.rtol)}, "
-                f"ulps={rec(value.ulps)})")
-    if isinstance(value, jax.extend.core.Primitive):
-        return f"_primitive({value.name!r})"
-    if isinstance(value, linear_solve_tuple_type()):
-        return "(" + ", ".join(rec(v) for v in value) + ")"
+    return f"{dtype_source(value.dtype)}({python_scalar_source(value)})"
+
+
+def _spell_dtype(value, sp) -> str:
+    return dtype_object_source(value) if sp.dtype_objects else dtype_source(value)
+
+
+def _spell_dtype_like(value, sp) -> str:
+    if hasattr(value, "dtype") and type(value).__name__.endswith("DType"):
+        return _spell_dtype(value, sp)
     raise SpellingError(f"value of type {type(value).__module__}.{type(value).__qualname__} "
                         f"has no Python source spelling")
+
+
+def _spell_lax_named_tuple(qualified: str):
+    def spell(value, sp) -> str:
+        inner = ", ".join(f"{f}={param_source(getattr(value, f))}" for f in value._fields)
+        return f"{qualified}({inner})"
+    return spell
+
+
+def _spell_partition_spec(value, sp) -> str:
+    parts = ", ".join(sp.spell(p) if not isinstance(p, tuple) else
+                      "(" + ", ".join(map(repr, p)) + ("," if len(p) == 1 else "") + ")"
+                      for p in value)
+    extra = ""
+    unreduced = getattr(value, "unreduced", None)
+    if unreduced:
+        extra += f"{', ' if parts else ''}unreduced={sp.spell(frozenset(unreduced))}"
+    return f"P({parts}{extra})"
+
+
+def _spell_named_sharding(value, sp) -> str:
+    kind = "" if value.memory_kind in (None, "device") else f", memory_kind={value.memory_kind!r}"
+    return f"jax.sharding.NamedSharding({mesh_source(value.mesh)}, {sp.spell(value.spec)}{kind})"
+
+
+def _spell_set(value, sp) -> str:
+    items = sorted(sp.spell(v) for v in value)
+    return "frozenset({" + ", ".join(items) + "})" if items else "frozenset()"
+
+
+def _spell_prng_impl(value, sp) -> str:
+    from ..jax_adapter import prng_impl_by_name
+    if prng_impl_by_name(value.name) is not value:
+        raise SpellingError(f"PRNG implementation {value.name!r} is not registered with JAX "
+                            f"under that name")
+    return f"_prng_impl({value.name!r})"
+
+
+def _spell_tuple(value, sp) -> str:
+    inner = ", ".join(sp.spell(v) for v in value)
+    return f"({inner}{',' if len(value) == 1 else ''})"
+
+
+def _spell_list(value, sp) -> str:
+    return "[" + ", ".join(sp.spell(v) for v in value) + "]"
+
+
+def _spell_dict(value, sp) -> str:
+    return "{" + ", ".join(f"{sp.spell(k)}: {sp.spell(v)}" for k, v in value.items()) + "}"
+
+
+def _spell_ragged(value, sp) -> str:
+    return (f"lax.RaggedDotDimensionNumbers(dot_dimension_numbers="
+            f"{sp.spell(value.dot_dimension_numbers)}, lhs_ragged_dimensions="
+            f"{sp.spell(value.lhs_ragged_dimensions)}, rhs_group_dimensions="
+            f"{sp.spell(value.rhs_group_dimensions)})")
+
+
+def _spell_tolerance(value, sp) -> str:
+    return f"lax.Tolerance(atol={sp.spell(value.atol)}, rtol={sp.spell(value.rtol)}, " \
+           f"ulps={sp.spell(value.ulps)})"
+
+
+def _library_reference_source(value) -> str:
+    ref = library_refs.reference(value)
+    src = f"_import_callable({ref[0]!r}, {ref[1]!r}, None)"
+    return f"type({src})" if len(ref) == 3 else src
+
+
+def _spell_library_object(value, sp) -> str:
+    """The default rule: an object of a numerical library by name (identity kept), else
+    its class and fields (``ir.library_refs``)."""
+    try:
+        return _library_reference_source(value)
+    except library_refs.NotReachable:
+        pass
+    state = library_refs.instance_state(value)
+    if state is None:
+        t = type(value)
+        raise SpellingError(f"value of type {t.__module__}.{t.__qualname__} has no Python "
+                            f"source spelling")
+    try:
+        cls = _library_reference_source(type(value))
+    except library_refs.NotReachable as e:
+        raise SpellingError(str(e)) from None
+    fields = ", ".join(f"{k!r}: {sp.spell(v)}" for k, v in state.items())
+    return sp.share(value, f"_library_instance({cls}, {{{fields}}})")
+
+
+def _spell_library_class(value, sp) -> str:
+    if issubclass(value, np.generic):
+        return _spell_dtype(value, sp)
+    try:
+        return _library_reference_source(value)
+    except library_refs.NotReachable:
+        raise SpellingError(f"the class {value.__qualname__} has no Python source "
+                            f"spelling") from None
+
+
+def _spell_function(value, sp) -> str:
+    try:
+        return _library_reference_source(value)
+    except library_refs.NotReachable as e:
+        raise SpellingError(f"the Python callable {getattr(value, '__qualname__', value)} is "
+                            f"code, not data ({e})") from None
+
+
+def _spell_partial(value, sp) -> str:
+    return sp.share(value, f"_partial({sp.spell(value.func)}, {sp.spell(tuple(value.args))}, "
+                           f"{sp.spell(dict(value.keywords))})")
+
+
+_BUILTIN_NODES = {tuple: "tuple", list: "list", dict: "dict", type(None): "type(None)"}
+
+
+def _spell_treedef(value, sp) -> str:
+    def node(treedef) -> str:
+        data = treedef.node_data()
+        if data is None:
+            return "'*'"
+        node_type, aux = data
+        head = _BUILTIN_NODES.get(node_type)
+        if head is None:
+            try:
+                head = _library_reference_source(node_type)
+            except library_refs.NotReachable as e:
+                raise SpellingError(f"pytree node {node_type.__qualname__}: {e}") from None
+        children = "".join(node(c) + ", " for c in treedef.children())
+        return f"({head}, {sp.spell(aux)}, ({children}))"
+    return f"_treedef({node(value)})"
+
+
+def _spell_shape_dtype_struct(value, sp) -> str:
+    if getattr(value, "sharding", None) is not None:
+        raise SpellingError("a ShapeDtypeStruct with a sharding has no spelling")
+    return (f"jax.ShapeDtypeStruct({tuple(value.shape)!r}, {dtype_object_source(value.dtype)}, "
+            f"weak_type={bool(value.weak_type)!r})")
+
+
+def _register_spellings() -> None:
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+
+    from ..jax_adapter import ExtendedDType, TypedComplex, TypedFloat, TypedInt, prng_impl_type
+    spell = param_types.extend
+    spell((type(None), bool, str), spell=_spell_repr)
+    spell((int, float, complex, TypedInt, TypedFloat, TypedComplex), spell=_spell_number)
+    spell(enum.Enum, spell=lambda v, sp: _enum_source(v))
+    spell(np.generic, spell=_spell_numpy_scalar)
+    spell(np.dtype, spell=_spell_dtype)
+    spell(ExtendedDType, spell=_spell_dtype_like)
+    spell(param_types.DTYPE_LIKE, spell=_spell_dtype_like)
+    spell(type, spell=_spell_library_class)
+    spell(param_types.DEFAULT, spell=_spell_library_object)
+    spell(types.FunctionType, spell=_spell_function)
+    spell(functools.partial, spell=_spell_partial)
+    spell(type(jax.tree_util.tree_structure(0)), spell=_spell_treedef)
+    spell(jax.ShapeDtypeStruct, spell=_spell_shape_dtype_struct)
+    for name, qualified in (("GatherDimensionNumbers", "lax.GatherDimensionNumbers"),
+                            ("ScatterDimensionNumbers", "lax.ScatterDimensionNumbers"),
+                            ("ConvDimensionNumbers", "lax.ConvDimensionNumbers")):
+        spell(getattr(lax, name), spell=_spell_lax_named_tuple(qualified))
+    spell(PartitionSpec, spell=_spell_partition_spec)
+    spell(NamedSharding, spell=_spell_named_sharding)
+    spell((Mesh, AbstractMesh), spell=lambda v, sp: mesh_source(v))
+    spell((frozenset, set), spell=_spell_set)
+    spell(prng_impl_type(), spell=_spell_prng_impl)
+    spell(tuple, spell=_spell_tuple)
+    spell(list, spell=_spell_list)
+    spell(dict, spell=_spell_dict)
+    spell((np.ndarray, jax.Array), spell=lambda v, sp: array_literal_source(v))
+    spell(lax.RaggedDotDimensionNumbers, spell=_spell_ragged)
+    spell(lax.Tolerance, spell=_spell_tolerance)
+    spell(jax.extend.core.Primitive, spell=lambda v, sp: f"_primitive({v.name!r})")
+
+    # Values an equation's emission rule writes as the public call that stages them
+    # (a region as a nested def, a debug callback's effect as jax.debug.callback...).
+    from ..ir.region import Region
+    from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, Jaxpr, ShapedArray,
+                               UnspecifiedValue, dots_saveable_type, linear_solve_tuple_type)
+    by_rule = "written by its primitive's emission rule, not as a value"
+    spell((Jaxpr, ClosedJaxpr), spell=_spell_held_jaxpr)
+    for t in (Region, linear_solve_tuple_type(), dots_saveable_type(), Effect,
+              ShapedArray, AbstractToken, jax.sharding.SingleDeviceSharding, jax.Device,
+              UnspecifiedValue, type(PartitionSpec.UNCONSTRAINED), lax.DotAlgorithm):
+        spell(t, cannot_spell=by_rule)
+    spell((types.MethodType, types.BuiltinFunctionType),
+          cannot_spell="a Python callable is code; rules that take one import it by name")
+    spell(param_types.NAMEDTUPLE, cannot_spell="a named tuple JAX does not export")
 
 
 def _enum_source(value: enum.Enum) -> str:
@@ -265,3 +444,6 @@ def mesh_source(mesh) -> str:
     ids = [int(d.id) for d in mesh.devices.flat]
     return (f"_mesh({tuple(mesh.devices.shape)!r}, {tuple(mesh.axis_names)!r}, {ids!r}, "
             f"{types})")
+
+
+_register_spellings()

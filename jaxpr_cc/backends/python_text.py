@@ -333,6 +333,49 @@ def _copy_semantics(name):
 
 HELPER_IMPORTS.update({"_prng_impl": (), "_copy_semantics": (), "_closed_over": (), "_custom_vjp_with_consts": (),
                        "_custom_jvp_with_consts": ()})
+HELPERS["_treedef"] = '''
+def _treedef(node):
+    """A pytree structure from its nodes: ``"*"`` a leaf, else (type, aux, children)."""
+    if node == "*":
+        return jax.tree_util.tree_structure(0)
+    node_type, aux, children = node
+    return jax.tree_util.PyTreeDef.from_node_data_and_children(
+        jax.tree_util.default_registry, (node_type, aux), [_treedef(c) for c in children])
+'''
+
+HELPERS["_library_instance"] = '''
+def _library_instance(cls, state):
+    """An instance of a library class with these fields, made without ``__init__``
+    (as pickle and tree_unflatten do)."""
+    obj = cls.__new__(cls)
+    for name, value in state.items():
+        object.__setattr__(obj, name, value)
+    return obj
+'''
+
+HELPERS["_partial"] = '''
+def _partial(func, args, keywords):
+    return functools.partial(func, *args, **keywords)
+'''
+
+HELPERS["_held_jaxpr"] = '''
+def _held_jaxpr(fn, n_consts, avals, closed):
+    """A jaxpr a library primitive holds as data, staged again from its function: the
+    first ``n_consts`` inputs become its constvars, as the library built it."""
+    import jax.extend.core
+    staged = jax.make_jaxpr(fn)(*[jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in avals])
+    if staged.consts:
+        raise ValueError("a held jaxpr staged constants of its own")
+    j = staged.jaxpr
+    dbg = j.debug_info
+    if dbg is not None and dbg.arg_names is not None:
+        dbg = dbg._replace(arg_names=dbg.arg_names[n_consts:])
+    held = jax.extend.core.Jaxpr(j.invars[:n_consts], j.invars[n_consts:], j.outvars, j.eqns,
+                                 j.effects, dbg)
+    return jax.extend.core.ClosedJaxpr(held, []) if closed else held
+'''
+
+HELPER_IMPORTS.update({"_held_jaxpr": (), "_treedef": (), "_library_instance": (), "_partial": ("functools",)})
 # Helpers that call other helpers.
 HELPER_DEPS = {"_custom_vjp_with_consts": ("_closed_over", "_dense"),
                "_custom_jvp_with_consts": ("_closed_over", "_dense")}

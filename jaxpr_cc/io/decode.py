@@ -92,6 +92,7 @@ class _Decoder:
         self.regions_json = regions
         self.state = [0] * len(regions)  # 0 unused, 1 being read, 2 read
         self.shared: dict[int, Region] = {}
+        self.held_jaxprs: dict[tuple, Any] = {}
         self.nesting = 0
         self.params = ParamDecoder(self._region_param, self._jaxpr_param, self._host_value,
                                    self.avals)
@@ -131,7 +132,12 @@ class _Decoder:
         # program's per-equation type check: check its equations here.
         from .typecheck import check_held_region_types
         check_held_region_types(region, index)
-        return region_to_closed_jaxpr(region) if closed else region_to_jaxpr(region)[0]
+        # One saved jaxpr is one object again (libraries compare held jaxprs by identity).
+        found = self.held_jaxprs.get((index, closed))
+        if found is None:
+            found = self.held_jaxprs[(index, closed)] = (
+                region_to_closed_jaxpr(region) if closed else region_to_jaxpr(region)[0])
+        return found
 
     def _prim(self, name: Any, where: str):
         prim = self.prims.get(name) if type(name) is str else None

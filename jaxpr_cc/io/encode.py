@@ -30,6 +30,7 @@ class _Encoder:
         self.arrays = ArrayTable()
         self.regions: list[dict | None] = []
         self.region_ids: dict[int, int] = {}
+        self.jaxpr_ids: dict[int, int] = {}
         self.contexts: list[dict] = []
         self.context_ids: dict[int, int] = {}
         self._keep: list[Any] = []
@@ -58,9 +59,16 @@ class _Encoder:
         as a region and read back as the same kind of object."""
         from ..frontend.from_jaxpr import region_from_closed_jaxpr, region_from_jaxpr
         from ..jax_adapter import ClosedJaxpr
+        # One jaxpr object held in several places is written once (and read back as
+        # one object: libraries compare held jaxprs by identity).
+        known = self.jaxpr_ids.get(id(jaxpr))
+        if known is not None:
+            return known
         region = (region_from_closed_jaxpr(jaxpr) if isinstance(jaxpr, ClosedJaxpr)
                   else region_from_jaxpr(jaxpr, None))
-        return self._region_ref(region)
+        index = self.jaxpr_ids[id(jaxpr)] = self._region_ref(region)
+        self._keep.append(jaxpr)
+        return index
 
     def _array_ref(self, value, where: str) -> dict:
         return encode_host_value(value, self.arrays, where)

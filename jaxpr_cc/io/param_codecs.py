@@ -6,10 +6,11 @@ almost always tuples).  Every other value is a tagged object ``{"$t": TAG, "v":
 PAYLOAD}``, e.g. ``{"$t": "dtype", "v": "float32"}``,
 ``{"$t": "enum", "v": ["Precision", "HIGHEST"]}``, ``{"$t": "region", "v": 3}``.
 
-The encoder for a value is found by its type (walking the MRO, enums first); a type
-with no encoder raises ``SaveError`` naming the primitive and the parameter, so an
-unsavable program fails at save time, never at load time.  Decoders are looked up
-by tag; unknown tags are refused.
+The encoder for a value is the save aspect of its entry in the parameter-type
+registry (``ir.param_types``), which this module fills in; a type with no encoder
+raises ``SaveError`` naming the primitive and the parameter, so an unsavable program
+fails at save time, never at load time.  Decoders are looked up by tag; unknown tags
+are refused.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..ir import library_refs, param_types
 from ..ir.region import Region
 from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
                            ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
@@ -34,27 +36,25 @@ from . import dtypes, effects, primitives, pytrees, shardings
 from .errors import FormatError, SaveError
 
 _MAX_DEPTH = 200
+# Tags whose values compare by identity; equal payloads decode to one shared object.
+_SHARED_TAGS = frozenset({"partial", "library_instance"})
 
 
 @dataclasses.dataclass(frozen=True)
 class Codec:
     tag: str
     encode: Callable[[Any, "ParamEncoder"], Any]   # value -> payload
-    decode: Callable[[Any, "ParamDecoder"], Any]   # payload -> value
+    decode: Callable[[Any, "ParamDecoder"], Any] | None   # payload -> value
 
 
-_BY_TYPE: dict[type, Codec] = {}
-_BY_TAG: dict[str, Codec] = {}
-
-
-def register(types_: tuple[type, ...] | type, tag: str, encode, decode) -> None:
-    codec = Codec(tag, encode, decode)
-    if tag in _BY_TAG:
-        raise ValueError(f"parameter codec tag {tag!r} is registered twice")
-    _BY_TAG[tag] = codec
-    for t in (types_ if isinstance(types_, tuple) else (types_,)):
-        _BY_TYPE[t] = codec
-    _resolve.cache_clear()
+def register(types_: tuple[type, ...] | type, tag: str | None, encode, decode) -> None:
+    """Give the registry entries of ``types_`` the save aspect ``tag``/``encode`` and
+    register the decoder of ``tag``.  With ``tag`` None the encoder writes the tagged
+    object itself (a type saved in more than one form)."""
+    if tag is not None:
+        param_types.add_decoder(tag, decode)
+    if encode is not None:
+        param_types.extend(types_, tag=tag, encode=encode)
 
 
 _ENUMS: dict[str, type] = {cls.__name__: cls
@@ -62,26 +62,21 @@ _ENUMS: dict[str, type] = {cls.__name__: cls
 _ENUM_NAMES = {cls: name for name, cls in _ENUMS.items()}
 
 
-@functools.lru_cache(maxsize=None)
-def _resolve(t: type) -> Codec | None:
-    if issubclass(t, enum.Enum):
-        return _BY_TAG["enum"] if t in _ENUM_NAMES else None
-    for base in t.__mro__:
-        codec = _BY_TYPE.get(base)
-        if codec is not None:
-            return codec
-    return None
-
-
 def codec_for(value: Any) -> Codec | None:
     """The codec that would encode ``value`` (None for JSON-native values and for
     values that cannot be saved)."""
-    return _resolve(type(value))
+    entry = param_types.entry_for(value)
+    if entry.encode is None or entry.name == "default" or _is_json_native(value):
+        return None
+    return Codec(entry.tag, entry.encode, param_types.decoder(entry.tag))
+
+
+def _is_json_native(value: Any) -> bool:
+    return value is None or type(value) in (bool, int, float, str, tuple)
 
 
 def is_callable_param(value: Any) -> bool:
-    return isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
-                              functools.partial)) or type(value).__name__ == "WrappedFun" or (
+    return param_types.is_python_callable(value) or (
         callable(value) and not isinstance(value, type) and codec_for(value) is None)
 
 
@@ -101,34 +96,38 @@ class ParamEncoder:
 
     def encode(self, value: Any) -> Any:
         t = type(value)
-        if t is str or t is int or t is bool or value is None:
+        if t is str or t is int or t is bool or value is None:  # JSON-native (as their entries)
             return value
-        if t is float:
-            if math.isfinite(value):
-                return value
-            return {"$t": "float", "v": struct.pack(">d", value).hex()}
         self._depth += 1
         try:
             if self._depth > _MAX_DEPTH:
                 raise SaveError(f"cannot save {self.where}: nested too deeply")
-            if t is tuple:
-                return [self.encode(v) for v in value]
-            codec = _resolve(t)
-            if codec is None:
+            entry = param_types.entry_for(value)
+            if entry.encode is None:
                 raise SaveError(self._cannot(value))
-            return {"$t": codec.tag, "v": codec.encode(value, self)}
+            payload = entry.encode(value, self)
+            return payload if entry.tag is None else {"$t": entry.tag, "v": payload}
         finally:
             self._depth -= 1
 
     def _cannot(self, value: Any) -> str:
         t = type(value)
+        target = getattr(value, "callback_func", None)  # pure_callback / io_callback
+        if target is not None:
+            name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+            hint = ""
+            if name.startswith("equinox._errors."):
+                hint = ("; it is equinox's runtime error check (eqx.error_if): set "
+                        "EQX_ON_ERROR=nan before importing equinox to trace without it")
+            return (f"cannot save {self.where}: the callback {name} is Python code, not "
+                    f"data{hint}")
         if is_callable_param(value):
             return (f"cannot save {self.where}: it holds a Python callable "
                     f"({getattr(value, '__qualname__', t.__name__)}); only first-order programs "
                     f"can be saved: trace with jaxpr_cc.trace and run closure conversion so that "
                     f"custom rules are held as regions")
-        return (f"cannot save {self.where} of type {t.__module__}.{t.__qualname__}: "
-                f"no encoder for this type")
+        reason = param_types.entry_for(value).cannot_save or "no encoder for this type"
+        return f"cannot save {self.where} of type {t.__module__}.{t.__qualname__}: {reason}"
 
 
 # ------------------------------------------------------------------ decoder
@@ -140,6 +139,7 @@ class ParamDecoder:
         self.host_value = host_value
         self.avals = aval_codec
         self._depth = 0
+        self._shared: dict[tuple, Any] = {}
 
     def decode(self, obj: Any) -> Any:
         t = type(obj)
@@ -154,16 +154,36 @@ class ParamDecoder:
             if t is dict:
                 if len(obj) != 2 or "$t" not in obj or "v" not in obj:
                     raise FormatError(f"malformed tagged parameter value (fields {sorted(obj)[:6]})")
-                codec = _BY_TAG.get(obj["$t"]) if type(obj["$t"]) is str else None
-                if codec is None:
+                decode = param_types.decoder(obj["$t"]) if type(obj["$t"]) is str else None
+                if decode is None:
                     raise FormatError(f"unknown parameter type tag {str(obj['$t'])[:40]!r}")
-                return codec.decode(obj["v"], self)
+                if obj["$t"] not in _SHARED_TAGS:
+                    return decode(obj["v"], self)
+                # Objects compared by identity (a partial, a library instance) that were
+                # one object when saved must be one object again: equinox checks that
+                # the static data a closure-converted function is called with *is* equal
+                # to the data it was traced with.
+                memo_key = (obj["$t"], json.dumps(obj["v"], sort_keys=True))
+                found = self._shared.get(memo_key)
+                if found is None:
+                    found = self._shared[memo_key] = decode(obj["v"], self)
+                return found
             raise FormatError(f"malformed parameter value {str(obj)[:40]}")
         finally:
             self._depth -= 1
 
 
 # ---------------------------------------------------------- codec bodies
+def _enc_json(value, enc):
+    return value
+
+
+def _enc_float(value, enc):
+    if math.isfinite(value):
+        return value
+    return {"$t": "float", "v": struct.pack(">d", value).hex()}
+
+
 def _dec_float(v, dec):
     if type(v) is not str or len(v) != 16:
         raise FormatError("malformed float bits")
@@ -233,9 +253,14 @@ def _enc_type(value, enc):
     if isinstance(value, type) and issubclass(value, np.generic):
         name = dtypes.dtype_name(np.dtype(value))
         if name is not None:
-            return name
+            return {"$t": "scalar_type", "v": name}
+    try:
+        return {"$t": "library_ref", "v": list(library_refs.reference(value))}
+    except library_refs.NotReachable:
+        pass
     raise SaveError(f"cannot save {enc.where}: the class {getattr(value, '__qualname__', value)} "
-                    f"(only numpy scalar types can be saved as classes)")
+                    f"(only numpy scalar types and classes of "
+                    f"{', '.join(library_refs.LIBRARY_PACKAGES)} can be saved as classes)")
 
 
 def _dec_type(v, dec):
@@ -332,7 +357,67 @@ def _dec_array(v, dec):
 
 
 def _enc_treedef(value, enc):
-    return pytrees.encode_treedef(value, enc.where)
+    try:
+        return {"$t": "treedef", "v": pytrees.encode_treedef(value, enc.where)}
+    except SaveError:
+        pass
+    # Custom nodes (a library primitive's operands: lineax operators, equinox Modules):
+    # each node as its class (by name) and auxiliary data (a parameter value itself).
+    return {"$t": "treedef_nodes", "v": _enc_nodes(value, enc, 0)}
+
+
+_BUILTIN_NODES = {"tuple": tuple, "list": list, "dict": dict, "None": type(None)}
+_BUILTIN_NODE_NAMES = {v: k for k, v in _BUILTIN_NODES.items()}
+
+
+def _enc_nodes(treedef, enc, depth):
+    if depth > _MAX_DEPTH:
+        raise SaveError(f"cannot save {enc.where}: pytree nested too deeply")
+    node_data = treedef.node_data()
+    if node_data is None:
+        return "*"
+    node_type, aux = node_data
+    name = _BUILTIN_NODE_NAMES.get(node_type)
+    if name is None:
+        try:
+            name = list(library_refs.reference(node_type))
+        except library_refs.NotReachable:
+            raise SaveError(f"cannot save {enc.where}: pytree node type {node_type.__module__}."
+                            f"{node_type.__qualname__} is not a class of "
+                            f"{', '.join(library_refs.LIBRARY_PACKAGES)}") from None
+    return {"node": name, "aux": enc.encode(aux),
+            "children": [_enc_nodes(c, enc, depth + 1) for c in treedef.children()]}
+
+
+def _dec_treedef_nodes(v, dec):
+    import jax
+    leaf = jax.tree_util.tree_structure(0)
+
+    def node(x, depth):
+        if depth > _MAX_DEPTH:
+            raise FormatError("pytree nested too deeply")
+        if x == "*":
+            return leaf
+        if not (isinstance(x, dict) and set(x) == {"node", "aux", "children"}
+                and isinstance(x["children"], list)):
+            raise FormatError("malformed pytree node")
+        if type(x["node"]) is str:
+            cls = _BUILTIN_NODES.get(x["node"])
+            if cls is None:
+                raise FormatError(f"unknown pytree node {x['node'][:40]!r}")
+        else:
+            cls = _dec_library_ref(x["node"], dec)
+        aux = dec.decode(x["aux"])
+        if cls is dict:
+            aux = list(aux) if isinstance(aux, tuple) else aux
+        children = [node(c, depth + 1) for c in x["children"]]
+        try:
+            return jax.tree_util.PyTreeDef.from_node_data_and_children(
+                jax.tree_util.default_registry, (cls, aux), children)
+        except (TypeError, ValueError) as e:
+            raise FormatError(f"invalid pytree node {getattr(cls, '__qualname__', cls)}: "
+                              f"{e}") from None
+    return node(v, 0)
 
 
 def _dec_treedef(v, dec):
@@ -385,8 +470,92 @@ _POLICY_NAMES = {id(v): k for k, v in _POLICIES.items()}
 def _enc_function(value, enc):
     name = _POLICY_NAMES.get(id(value))
     if name is not None and _POLICIES[name] is value:
-        return name
-    raise SaveError(enc._cannot(value))
+        return {"$t": "checkpoint_policy", "v": name}
+    try:  # a module-level function of a numerical library, by name
+        return {"$t": "library_ref", "v": list(library_refs.reference(value))}
+    except library_refs.NotReachable:
+        raise SaveError(enc._cannot(value)) from None
+
+
+def _enc_partial(value, enc):
+    # functools.partial of a library function with data arguments (equinox passes
+    # ``partial(while_loop, kind="lax")`` as a static field).
+    return {"func": enc.encode(value.func), "args": enc.encode(tuple(value.args)),
+            "keywords": enc.encode(dict(value.keywords))}
+
+
+def _dec_partial(v, dec):
+    if not (isinstance(v, dict) and set(v) == {"func", "args", "keywords"}):
+        raise FormatError("malformed partial")
+    func, args, keywords = dec.decode(v["func"]), dec.decode(v["args"]), dec.decode(v["keywords"])
+    if not callable(func) or type(args) is not tuple or type(keywords) is not dict \
+            or not all(type(k) is str for k in keywords):
+        raise FormatError("malformed partial")
+    return functools.partial(func, *args, **keywords)
+
+
+def _enc_library_object(value, enc):
+    """The default rule: an object of a numerical library, by name when it is reachable
+    from a library module (identity kept), else as its class and fields."""
+    try:
+        return {"$t": "library_ref", "v": list(library_refs.reference(value))}
+    except library_refs.NotReachable as e:
+        reason = str(e)
+    state = library_refs.instance_state(value)
+    if state is None:
+        raise SaveError(enc._cannot(value))
+    try:
+        cls = library_refs.reference(type(value))
+    except library_refs.NotReachable:
+        raise SaveError(f"cannot save {enc.where}: {reason}; its class is not reachable "
+                        f"by name either") from None
+    return {"$t": "library_instance",
+            "v": {"class": list(cls), "state": [[k, enc.encode(x)] for k, x in state.items()]}}
+
+
+def _dec_library_ref(v, dec):
+    if not (isinstance(v, list) and len(v) in (2, 3) and all(type(x) is str for x in v)):
+        raise FormatError("malformed library reference")
+    try:
+        return library_refs.resolve_reference(v)
+    except library_refs.NotReachable as e:
+        raise FormatError(f"library object {v[0][:60]}.{v[1][:60]}: {e}") from None
+
+
+def _dec_library_instance(v, dec):
+    if not (isinstance(v, dict) and set(v) == {"class", "state"} and isinstance(v["state"], list)):
+        raise FormatError("malformed library instance")
+    cls = _dec_library_ref(v["class"], dec)
+    if not isinstance(cls, type):
+        raise FormatError(f"{v['class'][1][:60]} is not a class")
+    state = {}
+    for item in v["state"]:
+        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is str):
+            raise FormatError("malformed library instance field")
+        state[item[0]] = dec.decode(item[1])
+    try:
+        return library_refs.rebuild_instance(cls, state)
+    except (TypeError, AttributeError) as e:
+        raise FormatError(f"cannot rebuild {cls.__qualname__}: {e}") from None
+
+
+def _enc_shape_dtype_struct(value, enc):
+    if getattr(value, "sharding", None) is not None:
+        raise SaveError(f"cannot save {enc.where}: a ShapeDtypeStruct with a sharding")
+    return {"shape": enc.encode(tuple(value.shape)), "dtype": _enc_dtype(value.dtype, enc),
+            "weak_type": bool(value.weak_type)}
+
+
+def _dec_shape_dtype_struct(v, dec):
+    import jax
+    if not (isinstance(v, dict) and set(v) == {"shape", "dtype", "weak_type"}):
+        raise FormatError("malformed ShapeDtypeStruct")
+    shape = dec.decode(v["shape"])
+    if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape) \
+            or type(v["weak_type"]) is not bool:
+        raise FormatError("malformed ShapeDtypeStruct")
+    return jax.ShapeDtypeStruct(shape, dtypes.dtype_from_name(v["dtype"]),
+                                weak_type=v["weak_type"])
 
 
 def _dec_function(v, dec):
@@ -428,7 +597,18 @@ def _wrap(encode, decode):
 def _build_table() -> None:
     import jax
 
-    register((), "float", None, _dec_float)  # non-finite floats; finite ones are JSON numbers
+    # JSON's own values stand for themselves (no tag); a JSON array is a tuple.
+    param_types.extend((type(None), str, bool, int), encode=_enc_json)
+    param_types.extend(float, encode=_enc_float)  # non-finite floats are tagged "float"
+    param_types.extend(tuple, encode=lambda v, e: [e.encode(x) for x in v])
+    register((), "float", None, _dec_float)
+    param_types.extend(complex, cannot_save="complex parameters have no encoding in the format "
+                                            "(no JAX primitive holds one)")
+    param_types.extend(param_types.NAMEDTUPLE,
+                       cannot_save="a named tuple JAX does not define (its class is code)")
+    param_types.extend(enum.Enum, cannot_save="an enum JAX does not define as a parameter type")
+    param_types.extend(param_types.DTYPE_LIKE, cannot_save="a dtype-like object that is not "
+                                                           "one of JAX's dtypes")
     register(list, "list", lambda v, e: [e.encode(x) for x in v],
              lambda v, d: [d.decode(x) for x in _list_payload(v, "list")])
     register(dict, "dict", _enc_dict, _dec_dict)
@@ -436,12 +616,19 @@ def _build_table() -> None:
     register(set, "set", _enc_set, _dec_set(set))
     register(np.dtype, "dtype", _enc_dtype, _dec_dtype)
     register(ExtendedDType, "extended_dtype", _enc_dtype, _dec_dtype)
-    register(type, "scalar_type", _enc_type, _dec_type)
+    register(type, None, _enc_type, None)
+    register((), "scalar_type", None, _dec_type)
+    register((), "library_ref", None, _dec_library_ref)
+    register((), "library_instance", None, _dec_library_instance)
+    register(param_types.DEFAULT, None, _enc_library_object, None)
+    register(jax.ShapeDtypeStruct, "ShapeDtypeStruct", _enc_shape_dtype_struct,
+             _dec_shape_dtype_struct)
+    register(functools.partial, "partial", _enc_partial, _dec_partial)
     register(np.generic, "numpy_scalar", _enc_np_scalar, _dec_np_scalar)
     register((TypedInt, TypedFloat, TypedComplex), "typed_scalar", _enc_typed_scalar,
              _dec_typed_scalar)
     register((np.ndarray, jax.Array), "array", _enc_array, _dec_array)
-    register((), "enum", _enc_enum, _dec_enum)
+    register(tuple(_ENUM_NAMES), "enum", _enc_enum, _dec_enum)
     for cls in (jax.lax.GatherDimensionNumbers, jax.lax.ScatterDimensionNumbers,
                 jax.lax.ConvDimensionNumbers, jax.lax.DotAlgorithm):
         register(cls, cls.__name__, *_record(cls, tuple(cls._fields), positional=True))
@@ -460,11 +647,17 @@ def _build_table() -> None:
     register(Region, "region", _enc_region, _dec_region)
     register(Jaxpr, "jaxpr", _enc_jaxpr, _dec_jaxpr(closed=False))
     register(ClosedJaxpr, "closed_jaxpr", _enc_jaxpr, _dec_jaxpr(closed=True))
-    register(type(jax.tree_util.tree_structure(0)), "treedef", _enc_treedef, _dec_treedef)
+    register(type(jax.tree_util.tree_structure(0)), None, _enc_treedef, None)
+    register((), "treedef", None, _dec_treedef)
+    register((), "treedef_nodes", None, _dec_treedef_nodes)
     register(Effect, "effect", _enc_effect, _dec_effect)
     register((ShapedArray, AbstractToken), "aval", _enc_aval, _dec_aval)
     register(Primitive, "primitive", _enc_primitive, _dec_primitive)
-    register(types.FunctionType, "checkpoint_policy", _enc_function, _dec_function)
+    register(types.FunctionType, None, _enc_function, None)
+    register((), "checkpoint_policy", None, _dec_function)
+    param_types.extend((types.FunctionType, types.MethodType, types.BuiltinFunctionType),
+                       cannot_save="a Python callable is code, not data (only JAX's named "
+                                   "checkpoint policies are saved, by name)")
     register(jax.sharding.Mesh, "mesh", *_wrap(shardings.encode_mesh, shardings.decode_mesh))
     register(jax.sharding.AbstractMesh, "abstract_mesh",
              *_wrap(shardings.encode_abstract_mesh, shardings.decode_abstract_mesh))

@@ -2,25 +2,20 @@
 
 Values are named in order of definition (``%0``, ``%1``, ...), inputs by their hint
 where they have one, constants ``%c0``...  Parameters are printed sorted by name
-through a table of per-type formatters; anything unknown falls back to ``repr``
-with memory addresses removed, so two processes print byte-identical text.
+through the parameter-type registry (``ir.param_types``); anything unknown falls back
+to ``repr`` with memory addresses removed, so two processes print byte-identical text.
 """
 from __future__ import annotations
 
-import enum
-import functools
 import re
-import types
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
-
-from .arrays import array_digest, to_numpy
+from . import param_types
 from .equation import Equation
+from .param_types import SMALL_ARRAY, format_array, format_scalar  # noqa: F401 (re-exported)
 from .region import Region
 from .value import Value, is_literal
 
-SMALL_ARRAY = 8  # arrays with at most this many elements are printed in full
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
 _IDENT = re.compile(r"[^A-Za-z0-9_.]")
 
@@ -68,86 +63,9 @@ class Namer:
             return "%<undefined>"
 
 
-def format_scalar(val: Any) -> str:
-    a = np.asarray(val)
-    if a.shape == ():
-        item = a.item()
-        if isinstance(item, float):
-            return repr(item)
-        return repr(item)
-    return format_array(val)
-
-
-def format_array(x: Any) -> str:
-    a = to_numpy(x)
-    dtype = getattr(x, "dtype", a.dtype)
-    head = f"{_dtype_name(dtype)}[{','.join(map(str, a.shape))}]"
-    if a.size <= SMALL_ARRAY:
-        return f"array<{head}: {np.array2string(a.reshape(-1), separator=', ', threshold=SMALL_ARRAY)}>"
-    return f"array<{head} sha256:{array_digest(x)}>"
-
-
-def _dtype_name(dtype) -> str:
-    from jax._src import dtypes as _d  # noqa: F401 (dtype short names only)
-    try:
-        import jax.numpy as jnp  # noqa: F401
-        from ..jax_adapter import ShapedArray
-        return ShapedArray((), dtype).str_short(short_dtypes=True).split("[")[0]
-    except Exception:
-        return str(dtype)
-
-
-def _format_callable(f: Any) -> str:
-    inner = getattr(f, "f", None)  # lu.WrappedFun wraps the user's function
-    target = inner if inner is not None else f
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) \
-        or type(target).__name__
-    return f"<fn {name}>"
-
-
-_FORMATTERS: list[tuple[type | tuple, Callable[[Any], str]]] = [
-    (bool, repr), (int, repr), (float, repr), (str, repr), (type(None), repr),
-    (np.dtype, lambda d: _dtype_name(d)),
-    (enum.Enum, lambda e: f"{type(e).__name__}.{e.name}"),
-    (np.ndarray, format_array),
-    (np.generic, lambda x: format_scalar(x)),
-]
-
-
 def format_param(value: Any) -> str:
-    """Format a parameter value through the per-type table."""
-    import jax
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # NamedTuple params
-        inner = ", ".join(f"{f}={format_param(getattr(value, f))}" for f in value._fields)
-        return f"{type(value).__name__}({inner})"
-    if isinstance(value, (tuple, list)):
-        inner = ", ".join(format_param(v) for v in value)
-        return f"({inner}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{inner}]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{format_param(k)}: {format_param(v)}"
-                               for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))) + "}"
-    if isinstance(value, (set, frozenset)):
-        # Set iteration order follows string hashes, which vary with PYTHONHASHSEED.
-        inner = ", ".join(sorted(format_param(v) for v in value))
-        return f"{type(value).__name__}({{{inner}}})" if inner else f"{type(value).__name__}()"
-    if isinstance(value, jax.Array):
-        return format_array(value)
-    if isinstance(value, type) and issubclass(value, np.generic):
-        return _dtype_name(np.dtype(value))
-    for typ, fmt in _FORMATTERS:
-        if isinstance(value, typ):
-            return fmt(value)
-    if _is_function(value):
-        return _format_callable(value)
-    if hasattr(value, "dtype") and type(value).__name__.endswith("DType"):
-        return _dtype_name(value)
-    return " ".join(_ADDRESS.sub("", repr(value)).split())
-
-
-def _is_function(value: Any) -> bool:
-    """Python functions and JAX's wrappers of them (custom rules, thunks)."""
-    return isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType,
-                              functools.partial)) or type(value).__name__ == "WrappedFun"
+    """Format a parameter value through the parameter-type registry."""
+    return param_types.entry_for(value).print(value, format_param)
 
 
 # Params a primitive's call sites almost always carry at their default values (a plain
@@ -271,3 +189,8 @@ def print_program(program) -> str:
     if program.params:
         header.append(f"# bound params: {len(program.params)}")
     return "\n".join(header) + "\n" + print_region(program.body, program.name)
+
+
+def _is_function(value: Any) -> bool:
+    """Python functions and JAX's wrappers of them (custom rules, thunks)."""
+    return param_types.is_python_callable(value)

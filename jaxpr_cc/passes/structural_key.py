@@ -6,32 +6,20 @@ floats compare by bit pattern (``0.0`` and ``-0.0`` differ, NaN equals itself),
 compare structurally (same equations over the same dataflow, values numbered by
 definition order), and anything without a trustworthy equality (Python callables,
 unhashable objects) compares by identity.  ``cse`` merges equations whose keys
-are equal.
+are equal.  Each parameter type's key is the key aspect of its entry in the
+parameter-type registry (``ir.param_types``); this module supplies the caches and the
+structural keys of arrays, literals and regions those aspects recurse into.
 """
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 import numpy as np
 
+from ..ir import param_types
 from ..ir.arrays import to_numpy
 from ..ir.region import Region
 from ..ir.value import Value, is_literal
-
-
-class _Identity:
-    """Wraps an object so that it equals only itself (and hashes by identity)."""
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __eq__(self, other):
-        return type(other) is _Identity and other.obj is self.obj
-
-    def __hash__(self):
-        return id(self.obj)
 
 
 _PLAIN = (type(None), str, int)
@@ -79,35 +67,11 @@ class KeyMaker:
         return tuple(out)
 
     def value(self, v: Any) -> Any:
+        """The key aspect of ``v``'s entry in the parameter-type registry."""
         t = type(v)
-        if t in _PLAIN:
+        if t in _PLAIN:  # the commonest parameters, keyed as their entries would
             return v if t is not int else ("i", v)
-        if t is bool:
-            return ("b", v)
-        if t is float:
-            return ("f", v.hex())
-        if t is complex:
-            return ("c", v.real.hex(), v.imag.hex())
-        if t is tuple or t is list:
-            return (t.__name__, tuple(self.value(x) for x in v))
-        if isinstance(v, Region):
-            return self.region(v)
-        if isinstance(v, tuple):  # NamedTuples: type plus fields
-            return (t, tuple(self.value(x) for x in v))
-        if isinstance(v, dict):
-            return ("dict", tuple(sorted(((repr(k), self.value(x)) for k, x in v.items()),
-                                         key=lambda kv: kv[0])))
-        if isinstance(v, (np.ndarray, np.generic)) or _is_jax_array(v):
-            return self.array(v)
-        if isinstance(v, (enum.Enum, np.dtype)):
-            return (t, v)
-        if callable(v) and not isinstance(v, type):
-            return _Identity(v)
-        try:
-            hash(v)
-        except TypeError:
-            return _Identity(v)
-        return (t, v)
+        return param_types.entry_for(v).key(v, self)
 
     def array(self, x: Any) -> tuple:
         key = self._arrays.get(id(x))
@@ -187,7 +151,3 @@ class _Effects:
     def __hash__(self):
         return hash(len(self.effects))
 
-
-def _is_jax_array(v: Any) -> bool:
-    import jax
-    return isinstance(v, jax.Array)
