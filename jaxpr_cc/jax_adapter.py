@@ -582,12 +582,37 @@ def _linear_call_transpose(cts, *args, callee, transpose_thunk, num_callee_const
     if _refuses_forward_mode(callee):
         return _reverse_only_transpose(cts, args, known, transpose_thunk, n_lead, num_res)
     if not any(known):
-        return _JAX_LINEAR_CALL_TRANSPOSE(cts, *args, **params)
+        return _transpose_linear_call(cts, *args, **params)
     # A known linear operand only adds a constant to the result: it gets no
     # cotangent, the others get the custom transpose's.
     lin = [_lc_ad.UndefinedPrimal(_core.typeof(x)) if k else x for x, k in zip(lin, known)]
-    out = _JAX_LINEAR_CALL_TRANSPOSE(cts, *args[:n_lead], *lin, **params)
+    out = _transpose_linear_call(cts, *args[:n_lead], *lin, **params)
     return list(out[:n_lead]) + [None if k else c for c, k in zip(out[n_lead:], known)]
+
+
+# (issue 17) A linear_call whose transpose thunk can name its swapped rule
+# (``thunk.swapped()``, jaxpr-cc's first-order rules) transposes to a linear_call
+# that is again one of those rules, not to one with JAX's anonymous thunk: a
+# transposition stored in a program (a transposed while_loop) stays first-order.
+def _transpose_linear_call(cts, *args, callee, transpose_thunk, num_callee_consts, num_res):
+    swapped = getattr(transpose_thunk, "swapped", None)
+    if swapped is None or num_callee_consts:
+        return _JAX_LINEAR_CALL_TRANSPOSE(cts, *args, callee=callee,
+                                          transpose_thunk=transpose_thunk,
+                                          num_callee_consts=num_callee_consts, num_res=num_res)
+    transpose, t_consts = transpose_thunk()
+    res = args[:num_res]
+    cts_avals = transpose.in_avals[len(t_consts) + num_res:]
+    cts = [_lc_ad.instantiate_zeros(ct) if type(ct) is _lc_ad.Zero else ct for ct in cts]
+    cts = [ct if ct is not None else jax.numpy.zeros(a.shape, a.dtype)
+           for ct, a in zip(cts, cts_avals)]
+    if t_consts:
+        return _JAX_LINEAR_CALL_TRANSPOSE(cts, *args, callee=callee,
+                                          transpose_thunk=transpose_thunk,
+                                          num_callee_consts=num_callee_consts, num_res=num_res)
+    out = linear_call_p.bind(*res, *cts, callee=transpose, transpose_thunk=swapped(),
+                             num_callee_consts=0, num_res=num_res)
+    return [None] * num_res + list(out)
 
 
 def register_linear_call_batching() -> None:

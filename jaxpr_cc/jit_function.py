@@ -116,9 +116,13 @@ class _Entry:
     and (on request) its compiled executables by argument placement."""
     __slots__ = ("program", "evaluate", "executables")
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, forward_mode: bool = True):
         self.program = program
-        self.evaluate = xla.emit_function(program)
+        # What runs is the program with a forward mode through its custom_vjp
+        # rules (reverse mode still runs their bwd); ``program`` is what the
+        # pipeline made, as inspected and compiled.
+        self.evaluate = xla.emit_function(_with_forward_mode(program) if forward_mode
+                                          else program)
         self.executables: dict = {}
 
     def run(self, leaves: list):
@@ -305,7 +309,7 @@ class JitFunction:
         from .frontend.trace import trace
         program = trace(target, *spec_args, **spec_kwargs)
         program = _run_pipeline(program, self._pipeline, self._label)
-        entry = _Entry(program)
+        entry = _Entry(program, forward_mode="vjp-to-jvp" not in self._pipeline)
         if not _holds_tracers(program):
             # A program that closed over a tracer of an enclosing transformation is
             # only valid inside that trace: use it once, never cache it.
@@ -417,6 +421,11 @@ def _holding(fun: Callable, method: Callable) -> Callable:
         return method(*args, **kwargs)
     call.jaxpr_cc_function = fun
     return call
+
+
+def _with_forward_mode(program: Program) -> Program:
+    from .passes.vjp_to_jvp import with_forward_mode
+    return with_forward_mode(program)
 
 
 def _fun_name(fun: Any) -> str:

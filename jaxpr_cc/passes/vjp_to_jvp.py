@@ -76,6 +76,10 @@ class VjpToJvp(Pass):
                "forward mode through VJP-only functions, reverse mode still runs bwd")
     rules: tuple[str, ...] = ()                      # rule function names; empty = all
     untransposable: Literal["reverse-only", "error", "skip", "primal"] = "reverse-only"
+    # keep: a rule whose rewrite fails for any other reason (a bug, an unsupported
+    # construct) stays a custom_vjp, counted; raise: the pass fails.  jaxpr_cc.jit
+    # and Program calls use 'keep' (forward mode is added, never a new failure).
+    on_failure: Literal["raise", "keep"] = "raise"
 
     def run(self, program, ctx: PassContext):
         rewriter = _Rewriter(self, ctx)
@@ -109,6 +113,18 @@ class _Rewriter:
             if eqn.prim.name == "custom_vjp_call":
                 self.rewrite(region, eqn)
 
+    def _build(self, p: dict, mode: str, refusal: str | None = None) -> dict | None:
+        if self.options.on_failure == "raise":
+            return build_jvp_params(p, untransposable=mode, refusal=refusal)
+        try:
+            return build_jvp_params(p, untransposable=mode, refusal=refusal)
+        except NotTransposableError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- keep the user's rule, say why
+            self.ctx.count(f"rule '{p.get('name', '?')}' ({p.get('source', '?')}) kept as "
+                           f"custom_vjp: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            return None
+
     def rewrite(self, region: Region, eqn: Equation) -> None:
         p = eqn.params
         if not is_first_order_custom("custom_vjp_call", p):
@@ -124,21 +140,27 @@ class _Rewriter:
         if key not in self.built:
             mode = self.options.untransposable
             try:
-                self.built[key] = build_jvp_params(p, untransposable=mode)
-                self.ctx.count("rules-rewritten")
+                self.built[key] = self._build(p, mode)
+                if self.built[key] is not None:
+                    self.ctx.count("rules-rewritten")
             except NotTransposableError as e:
-                if mode == "error":
+                if mode == "error" and self.options.on_failure == "keep":
+                    self.built[key] = None
+                    self.ctx.count("rules-kept-untransposable")
+                elif mode == "error":
                     raise NotTransposableError(
                         f"{e}; vjp-to-jvp needs a bwd that is linear in the cotangent "
                         f"(untransposable=reverse-only, the default, keeps such rules "
                         f"reverse-only; untransposable=skip leaves them as they are; "
                         f"untransposable=primal takes forward-mode tangents from the primal)",
                         e.equation, e.reason) from None
-                if mode != "reverse-only":
+                elif mode != "reverse-only":
                     self.built[key] = None
                     self.ctx.count("rules-skipped-untransposable")
                 else:
-                    self.built[key] = build_jvp_params(p, untransposable=mode, refusal=str(e))
+                    self.built[key] = self._build(p, mode, refusal=str(e))
+                    if self.built[key] is None:
+                        return
                     self.ctx.count("rules-reverse-only")
                     self.ctx.count(f"rule '{p.get('name', '?')}' ({p.get('source', '?')}) kept "
                                    f"reverse-only: {e}")
@@ -335,3 +357,38 @@ def _closed(fn, avals, name):
     if consts:
         raise RuntimeError(f"vjp-to-jvp: {name} captured {len(consts)} constants")
     return jx.ClosedJaxpr(jaxpr, [])
+
+
+# ------------------------------------------------------ forward mode by default
+# jaxpr_cc.jit and Program calls give every custom_vjp a forward mode: they run
+# this pass (reverse-only rules refuse forward mode in one line; a rule the pass
+# cannot rewrite for any other reason stays the user's custom_vjp) on a copy of
+# the program they evaluate.  Reverse mode still runs the user's bwd: the
+# custom_jvp's tangent is a linear_call whose transpose is bwd.
+FORWARD_MODE_PIPELINE = "vjp-to-jvp{on-failure=keep}"
+
+
+def has_custom_vjp(program) -> bool:
+    """Does ``program`` (any region) contain a custom_vjp call?"""
+    return any(eqn.prim.name == "custom_vjp_call" for _, eqn in program.body.walk())
+
+
+def with_forward_mode(program):
+    """``program`` with forward mode through its custom_vjp rules: a rewritten
+    copy, or ``program`` itself when it has no custom_vjp call."""
+    if not has_custom_vjp(program):
+        return program
+    from .manager import run_passes
+    return run_passes(program, FORWARD_MODE_PIPELINE)
+
+
+def forward_mode_jaxpr(program):
+    """``with_forward_mode(program).to_jaxpr()``, kept on the program while its
+    equations are the same objects (a pass that changes it in place rebuilds)."""
+    stamp = tuple((id(eqn), id(eqn.params)) for _, eqn in program.body.walk())
+    kept = program.__dict__.get("_jaxpr_cc_forward_mode")
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    closed = with_forward_mode(program).to_jaxpr()
+    program.__dict__["_jaxpr_cc_forward_mode"] = (stamp, closed)
+    return closed
