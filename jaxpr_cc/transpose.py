@@ -191,6 +191,20 @@ _ZERO_PRESERVING = ("broadcast_in_dim", "convert_element_type", "reshape", "tran
 _AFFINE = "does not depend on the linear input and is not zero (an affine map, not a linear one)"
 
 
+_LENIENT = [0]
+
+
+class _lenient:
+    """Within: :func:`_scan` does not stop at problems (a loop's carries are
+    being found; an early iteration may see a carry as not yet linear)."""
+
+    def __enter__(self):
+        _LENIENT[0] += 1
+
+    def __exit__(self, *exc):
+        _LENIENT[0] -= 1
+
+
 def first_nonlinear_equation(jaxpr, linear: Sequence[bool]) -> "Problem | None":
     """The first equation that keeps ``jaxpr`` from being linear in the inputs
     marked ``linear`` (a :class:`Problem`), or None when none is found."""
@@ -240,11 +254,17 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
         joint = _JOINT_OPERANDS.get(name)
         if joint is not None:
             for pos in range(len(eqn.invars))[joint]:
-                if not flags[pos] and not zflags[pos]:
+                if not flags[pos] and not zflags[pos] and not _LENIENT[0]:
                     return Problem(eqn, f"'{name}' adds operand {pos}, which {_AFFINE}"), None, None
         problem, outs, out_zero = _eqn_linearity(eqn, flags, zflags, used)
         if problem is not None:
-            return problem, None, None
+            if not _LENIENT[0]:
+                return problem, None, None
+            # Finding which values carry the linear input (a loop's fixed point):
+            # go on as if the equation were linear; the final check reports it.
+            # (Discrete results -- a comparison, a rounding -- carry nothing linear.)
+            outs = [jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.outvars]
+            out_zero = [False] * len(eqn.outvars)
         dep.update(v for v, flag in zip(eqn.outvars, outs) if flag)
         zero_vars.update(v for v, flag in zip(eqn.outvars, out_zero) if flag)
     out_linear = [depends(a) for a in jaxpr.outvars]
@@ -339,15 +359,17 @@ def _scan_linearity(eqn, flags, zeros):
     flags, zeros = list(flags), list(zeros)
     # A carry carries the linear input if it starts with it or the body puts it
     # there; it is zero only if it starts zero and the body keeps it zero.
-    while True:
-        problem, outs, out_zero = _scan(body, flags, zeros, check_outputs=False)
-        if problem is not None:
-            return problem.within(eqn), None, None
-        lin_new = [a or b for a, b in zip(flags[carry], outs[:n_carry])]
-        zero_new = [a and b for a, b in zip(zeros[carry], out_zero[:n_carry])]
-        if lin_new == flags[carry] and zero_new == zeros[carry]:
-            break
-        flags[carry], zeros[carry] = lin_new, zero_new
+    with _lenient():
+        while True:
+            _, outs, out_zero = _scan(body, flags, zeros, check_outputs=False)
+            lin_new = [a or b for a, b in zip(flags[carry], outs[:n_carry])]
+            zero_new = [a and b for a, b in zip(zeros[carry], out_zero[:n_carry])]
+            if lin_new == flags[carry] and zero_new == zeros[carry]:
+                break
+            flags[carry], zeros[carry] = lin_new, zero_new
+    problem, outs, out_zero = _scan(body, flags, zeros, check_outputs=False)
+    if problem is not None:
+        return problem.within(eqn), None, None
     for k in range(n_carry):
         if not lin_new[k]:
             continue
@@ -412,12 +434,13 @@ def _reaches(jaxpr, flags) -> list[bool]:
 class _WhileSplit:
     """How a while_loop reads the linear input: which loop constants and carries
     carry it, and whether its stopping test reads them (a loop to convergence)."""
-    __slots__ = ("cc", "bc", "const_lin", "carry_lin", "carry_zero", "converges")
+    __slots__ = ("cc", "bc", "const_lin", "carry_lin", "carry_zero", "converges", "varying")
 
-    def __init__(self, cc, bc, const_lin, carry_lin, carry_zero, converges):
+    def __init__(self, cc, bc, const_lin, carry_lin, carry_zero, converges, varying):
         self.cc, self.bc = cc, bc
         self.const_lin, self.carry_lin = const_lin, carry_lin
         self.carry_zero, self.converges = carry_zero, converges
+        self.varying = varying  # the linear map reads the other carries
 
 
 def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
@@ -432,16 +455,21 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
     carry = slice(cc + bc, None)
     init_lin, init_zero = list(flags[carry]), list(zeros[carry])
     lin, zero = list(init_lin), list(init_zero)
-    while True:
-        problem, outs, out_zero = _scan(body, const_lin + lin, list(zeros[cc:cc + bc]) + zero,
-                                        check_outputs=False)
-        if problem is not None:
-            return problem.within(eqn), None
-        lin_new = [a or b for a, b in zip(lin, outs)]
-        zero_new = [a and b for a, b in zip(zero, out_zero)]
-        if lin_new == lin and zero_new == zero:
-            break
-        lin, zero = lin_new, zero_new
+    const_zero = list(zeros[cc:cc + bc])
+    with _lenient():
+        while True:
+            _, outs, out_zero = _scan(body, const_lin + lin, const_zero + zero,
+                                      check_outputs=False)
+            lin_new = [a or b for a, b in zip(lin, outs)]
+            zero_new = [a and b for a, b in zip(zero, out_zero)]
+            if lin_new == lin and zero_new == zero:
+                break
+            lin, zero = lin_new, zero_new
+    problem, outs, out_zero = _scan(body, const_lin + lin, const_zero + zero, check_outputs=False)
+    if problem is not None and check and not _LENIENT[0]:
+        return problem.within(eqn), None
+    if outs is None:  # lenient: a problem inside, every carry it reaches is linear
+        outs, out_zero = lin, [False] * len(lin)
     if check:
         for k, flag in enumerate(lin):
             if not flag:
@@ -452,27 +480,27 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
                 return (Problem(eqn, f"the while_loop body sets carry {k} to a value that "
                                      f"{_AFFINE}"), None)
     reads_n = _reaches(body, [False] * bc + [not f for f in lin])
-    if any(r and f for r, f in zip(reads_n, lin)):
-        return (Problem(eqn, "a while_loop whose linear update reads a carry that does not carry "
-                             "the linear input (a loop counter or coefficient: the map changes "
-                             "from step to step, and only a loop iterating one linear map can be "
-                             "transposed)"), None)
+    varying = any(r and f for r, f in zip(reads_n, lin))
     converges = any(_reaches(cond, [False] * cc + lin))
+    if varying and converges:
+        return (Problem(eqn, "a while_loop that stops on a test of the linear input and whose "
+                             "linear update reads a carry that does not carry it (a counter or "
+                             "coefficient: the map changes from step to step, so the loop does "
+                             "not iterate one linear map to its fixed point)"), None)
     if converges and check and any(not f and v in used for f, v in zip(lin, eqn.outvars)):
         return (Problem(eqn, "the trip count (or another non-linear carry) of a while_loop that "
                              "stops on a test of the linear input is used: it depends on the "
                              "linear input"), None)
     if converges and not any(lin[k] for k in range(len(lin))):
         converges = False
-    return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges)
+    return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges, varying)
 
 
 def _while_linearity(eqn, flags, zeros, used):
     problem, split = _while_split(eqn, flags, zeros, used)
     if problem is not None:
         return problem, None, None
-    return None, list(split.carry_lin), [z and l for z, l in zip(split.carry_zero,
-                                                                 split.carry_lin)]
+    return None, list(split.carry_lin), list(split.carry_zero)
 
 
 def _sub_jaxprs(params):
@@ -690,9 +718,17 @@ def _bind_linear_while(eqn, invals, flags, used):
 
         _, trips = jax.lax.while_loop(count_cond, count_step, (list(n_init), jnp.int32(0)))
 
-        def back_step(_, state):
+        def n_at(k):
+            """The other carries at step k, recomputed from the start: the
+            transposed steps need them in reverse order, and a while_loop keeps
+            no history (quadratic in the trip count, for varying maps only)."""
+            if not split.varying:
+                return list(n_init)
+            return jax.lax.fori_loop(0, k, lambda _, n: body_n(nl_consts, n), list(n_init))
+
+        def back_step(j, state):
             acc, w = state
-            g_c, g_l = body_t(nl_consts, list(n_init), w)
+            g_c, g_l = body_t(nl_consts, n_at(trips - 1 - j), w)
             return [a + g for a, g in zip(acc, g_c)], g_l
 
         acc, w = jax.lax.fori_loop(0, trips, back_step, (zeros_of(lin_const_avals), l_bar))
