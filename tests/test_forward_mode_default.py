@@ -395,3 +395,13 @@ def test_hessian_of_jit_equals_float64_differences_of_the_gradient(name, fun, ar
                 cols.append(((at(eps) - at(-eps)) / (2 * eps)).reshape(-1))
             want = np.stack(cols, axis=-1).reshape(h.shape)
         np.testing.assert_allclose(h, want, rtol=2e-3, atol=2e-3)
+
+
+def test_forward_mode_false_keeps_jax_behavior():
+    f = with_bwd(_neumann)
+    jf = jaxpr_cc.jit(f, forward_mode=False)
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jacfwd(jf)(X, S)
+    assert_close(jax.jacrev(jf)(X, S), jax.jacrev(f)(X, S), rtol=1e-6, atol=1e-7)
+    with pytest.raises(TypeError, match="forward_mode must be True or False"):
+        jaxpr_cc.jit(f, forward_mode="yes")
