@@ -263,7 +263,8 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
             # Finding which values carry the linear input (a loop's fixed point):
             # go on as if the equation were linear; the final check reports it.
             # (Discrete results -- a comparison, a rounding -- carry nothing linear.)
-            outs = [jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.outvars]
+            outs = [r and jnp.issubdtype(v.aval.dtype, jnp.inexact)
+                    for v, r in zip(eqn.outvars, _eqn_reaches(eqn, flags))]
             out_zero = [False] * len(eqn.outvars)
         dep.update(v for v, flag in zip(eqn.outvars, outs) if flag)
         zero_vars.update(v for v, flag in zip(eqn.outvars, out_zero) if flag)
@@ -423,12 +424,53 @@ def _used_vars(jaxpr, live=None) -> set:
 
 
 def _reaches(jaxpr, flags) -> list[bool]:
-    """Which outputs of ``jaxpr`` read (conservatively) the inputs marked."""
+    """Which outputs of ``jaxpr`` read the inputs marked: data dependence,
+    followed through calls, branches and loop carries."""
     dep = {v for v, f in zip(jaxpr.invars, flags) if f}
     for e in jaxpr.eqns:
-        if any(not isinstance(a, Literal) and a in dep for a in e.invars):
-            dep.update(e.outvars)
+        in_flags = [not isinstance(a, Literal) and a in dep for a in e.invars]
+        if any(in_flags):
+            dep.update(v for v, f in zip(e.outvars, _eqn_reaches(e, in_flags)) if f)
     return [not isinstance(a, Literal) and a in dep for a in jaxpr.outvars]
+
+
+def _eqn_reaches(eqn, flags) -> list[bool]:
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    p = eqn.params
+    if name == "while":
+        cc, bc = p["cond_nconsts"], p["body_nconsts"]
+        carry = list(flags[cc + bc:])
+        body = p["body_jaxpr"].jaxpr
+        while True:
+            new = [a or b for a, b in zip(carry, _reaches(body, list(flags[cc:cc + bc]) + carry))]
+            if new == carry:
+                break
+            carry = new
+        if any(flags[:cc]) or any(_reaches(p["cond_jaxpr"].jaxpr, list(flags[:cc]) + carry)):
+            return [True] * n_out  # the trip count depends on them: so does every carry
+        return carry
+    if name == "scan":
+        nc, ncarry = p["num_consts"], p["num_carry"]
+        carry = list(flags[nc:nc + ncarry])
+        body = p["jaxpr"].jaxpr
+        while True:
+            outs = _reaches(body, list(flags[:nc]) + carry + list(flags[nc + ncarry:]))
+            new = [a or b for a, b in zip(carry, outs[:ncarry])]
+            if new == carry:
+                return new + outs[ncarry:]
+            carry = new
+    if name == "cond":
+        if flags[0]:
+            return [True] * n_out
+        outs = [False] * n_out
+        for branch in p["branches"]:
+            outs = [a or b for a, b in zip(outs, _reaches(branch.jaxpr, list(flags[1:])))]
+        return outs
+    sub = _sub_jaxpr(eqn)
+    if sub is not None and len(sub.invars) == len(flags):
+        return _reaches(sub, list(flags))
+    return [True] * n_out
 
 
 class _WhileSplit:

@@ -366,8 +366,12 @@ def test_jacfwd_of_jit_equals_jacrev(name, fun, args):
                      rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,fun,args", [c for c in CASES if c[0] not in NOT_LINEAR],
-                         ids=[c[0] for c in CASES if c[0] not in NOT_LINEAR])
+_LIBRARY = {f.__name__ for f, _ in REALWORLD}
+HESSIAN_CASES = [pytest.param(*c, id=c[0], marks=[pytest.mark.heavy] if c[0] in _LIBRARY else [])
+                 for c in CASES if c[0] not in NOT_LINEAR]
+
+
+@pytest.mark.parametrize("name,fun,args", HESSIAN_CASES)
 def test_hessian_of_jit_equals_float64_differences_of_the_gradient(name, fun, args):
     loss = _loss(fun)
     jl = jaxpr_cc.jit(loss)
@@ -405,3 +409,37 @@ def test_forward_mode_false_keeps_jax_behavior():
     assert_close(jax.jacrev(jf)(X, S), jax.jacrev(f)(X, S), rtol=1e-6, atol=1e-7)
     with pytest.raises(TypeError, match="forward_mode must be True or False"):
         jaxpr_cc.jit(f, forward_mode="yes")
+
+
+@pytest.mark.heavy
+def test_diffrax_recursive_checkpoint_adjoint_forward_mode():
+    import diffrax
+
+    def f(k):
+        sol = diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, args: -args * y),
+                                  diffrax.Tsit5(), 0.0, 1.0, 0.05, jnp.ones(2), args=k,
+                                  adjoint=diffrax.RecursiveCheckpointAdjoint(),
+                                  stepsize_controller=diffrax.ConstantStepSize())
+        return sol.ys[-1]
+
+    k = jnp.float32(0.7)
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jacfwd(f)(k)
+    jf = jaxpr_cc.jit(f)
+    got = jax.jacfwd(jf)(k)
+    assert_close(got, jax.jacrev(f)(k), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got), -np.exp(-0.7) * np.ones(2), rtol=1e-4)
+
+
+def test_transposed_loops_are_saved_and_loaded():
+    # The transposed while_loop is a first-order linear_call rule: the rewritten
+    # program can be written and read back, and forward mode works after loading.
+    from jaxpr_cc.io.api import dumps, loads
+    program = jaxpr_cc.trace(fp.newton_sqrt, jnp.float32(2.0))
+    new = run_passes(program, "vjp-to-jvp")
+    assert new.is_first_order()
+    loaded = loads(dumps(new))
+    a = jnp.float32(2.0)
+    np.testing.assert_allclose(float(jax.jacfwd(loaded)(a)), 0.5 / np.sqrt(2.0), rtol=1e-5)
+    np.testing.assert_allclose(float(jax.grad(loaded)(a)), float(jax.grad(fp.newton_sqrt)(a)),
+                               rtol=1e-6)
