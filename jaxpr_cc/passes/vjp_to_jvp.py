@@ -137,6 +137,13 @@ class _Rewriter:
             self.ctx.count("calls-unmaterialized")
             return
         key = (id(p["call_jaxpr"]), id(p["fwd_jaxpr"]), id(p["bwd_jaxpr"]))
+        if self.options.on_failure == "keep" and _consts_refused_in_reverse(p):
+            # The vjp rule refuses reverse mode w.r.t. its closed-over values (too
+            # many forward columns); a jvp rule would differentiate the primal
+            # instead.  By default reverse mode must not change: keep the rule.
+            self.ctx.count(f"rule '{p.get('name', '?')}' ({p.get('source', '?')}) kept as "
+                           f"custom_vjp: its closed-over values exceed max_forward_size")
+            return
         if key not in self.built:
             mode = self.options.untransposable
             try:
@@ -245,6 +252,20 @@ def _info(p: dict) -> RuleInfo:
     return RuleInfo(name=p["name"], source=p["source"], const_names=tuple(p["const_names"]),
                     closed_over=p["closed_over"], max_forward_size=p["max_forward_size"],
                     reverse_ok=p["reverse_ok"])
+
+
+def _consts_refused_in_reverse(p: dict) -> bool:
+    """True when the vjp rule's policy refuses reverse-mode derivatives w.r.t. its
+    closed-over values (forward columns beyond ``max_forward_size``), which a jvp
+    rule's policy would give."""
+    nc = p["num_consts"]
+    if not nc:
+        return False
+    c_avals = list(region_to_closed_jaxpr(p["call_jaxpr"]).in_avals)[:nc]
+    size = sum(int(np.prod(a.shape)) for a in c_avals if is_inexact(a))
+    mode = p["closed_over"]
+    forward = mode == "forward" or (mode == "auto" and not p["reverse_ok"])
+    return forward and size > p["max_forward_size"]
 
 
 def _consts_need_forward_columns(p: dict, c_avals) -> bool:
