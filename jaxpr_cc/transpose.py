@@ -7,9 +7,17 @@ returning the cotangents of the linear inputs.  The work is JAX's own
 ``jax.linear_transpose``, applied to an evaluation of the jaxpr and traced with
 ``jax_adapter.trace_flat``; the other inputs are constants of the transposition.
 
+JAX transposes no ``while_loop``; loops that iterate a linear map are bound as
+``linear_call`` rules whose transpose iterates the transposed map (see "while
+loops" below): counted loops exactly, loops to convergence (a fixed-point or
+Neumann iteration of an adjoint solve) by the same iteration of the transposed
+map with the same stopping test.  Such loops are found inside calls, custom
+rules' primals, ``cond`` branches and ``scan`` bodies too.
+
 When the jaxpr is not linear in those inputs -- a nonlinear primitive reads them
-(``sin(ct)``, ``ct * ct``, ``clip(ct)``), a loop carries them, or an output does
-not depend on them but is not zero (an affine map) -- :class:`NotTransposableError`
+(``sin(ct)``, ``ct * ct``, ``clip(ct)``), a loop's stopping test reads them
+other than through its carries, or an output does not depend on them but is not
+zero (an affine map) -- :class:`NotTransposableError`
 names the first offending equation and the user source line it came from.
 That check runs first, on the jaxpr's structure (JAX's transposition would
 silently drop the constant part of an affine map), and is conservative: a map
@@ -554,18 +562,9 @@ def _sub_jaxprs(params):
                 yield x
 
 
-_HAS_WHILE: dict = {}
-
-
 def _has_while(jaxpr) -> bool:
-    key = id(jaxpr)
-    hit = _HAS_WHILE.get(key)
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
-    found = any(e.primitive.name == "while" or any(_has_while(s) for s in _sub_jaxprs(e.params))
-                for e in jaxpr.eqns)
-    _HAS_WHILE[key] = (jaxpr, found)
-    return found
+    return any(e.primitive.name == "while" or any(_has_while(s) for s in _sub_jaxprs(e.params))
+               for e in jaxpr.eqns)
 
 
 def _eqn_has_while(eqn) -> bool:

@@ -25,8 +25,14 @@ at most ``max_forward_size`` elements), the closed-over values are made ordinary
 linear inputs of the ``linear_call``, whose transpose forms their cotangents from
 forward-mode columns, as the vjp rule did.
 
-A bwd that is not linear in the cotangent (``clip(ct)``, ``sin(ct)``, a while_loop
-over it) has no transpose.  By default (``untransposable=reverse-only``) such a rule
+The bwd may iterate a linear map in a while_loop (an adjoint fixed-point solve,
+a counted loop): ``jaxpr_cc.transpose`` transposes those too.  ``jaxpr_cc.jit``
+and calls of a Program under autodiff run this pass by default
+(``FORWARD_MODE_PIPELINE``; ``jaxpr_cc.jit(f, forward_mode=False)`` opts out).
+
+A bwd that is not linear in the cotangent (``clip(ct)``, ``sin(ct)``, a loop
+that stops on a test of the cotangent that is not one of its carries) has no
+transpose.  By default (``untransposable=reverse-only``) such a rule
 stays reverse-only: reverse mode still runs its bwd, exactly as the custom_vjp did,
 while forward mode through it raises one line naming the rule and the offending
 operation (``can't apply forward-mode autodiff ... through a reverse-only rule:
