@@ -562,15 +562,73 @@ def _linear_call_jvp(primals, tangents, *, callee, transpose_thunk, num_callee_c
             full[i] = v
         return _core.eval_jaxpr(callee.jaxpr, callee.consts, *full, *lin)
 
+    lin_t = tangents[n_lead:]
+    if any(type(t) is not _lc_ad.Zero for t in lin_t) and not _refuses_forward_mode(callee):
+        # Both: one linear_call of the joint derivative (so the callee's work is
+        # done once for both tangents, as plain code's jvp would), transposed by
+        # the custom transpose for the linear operands (issue 17).
+        lin_t = [_lc_ad.instantiate_zeros(t) for t in lin_t]
+        return outs, _joint_tangent(callee, transpose_thunk, lead, lin, hot,
+                                    [tangents[i] for i in hot], lin_t)
     _, t_out = jax.jvp(through_residuals, tuple(lead[i] for i in hot),
                        tuple(tangents[i] for i in hot))
     t_out = list(t_out)
-    lin_t = tangents[n_lead:]
     if any(type(t) is not _lc_ad.Zero for t in lin_t):
         lin_t = [_lc_ad.instantiate_zeros(t) for t in lin_t]
         t_lin = linear_call_p.bind(*lead, *lin_t, **params)
         t_out = [a + b for a, b in zip(t_out, t_lin)]
     return outs, t_out
+
+
+def _joint_tangent(callee, transpose_thunk, lead, lin, hot, hot_t, lin_t):
+    """``d callee(lead, lin)`` along ``(hot_t, lin_t)`` as one ``linear_call``
+    with residuals ``(lead, lin)``: its callee is the joint jvp, its transpose
+    gives the linear operands the custom transpose's cotangents and the
+    perturbed residuals their vjp."""
+    n_lead, n_lin, n_hot = len(lead), len(lin), len(hot)
+
+    def at(lead_, hot_values):
+        full = list(lead_)
+        for i, v in zip(hot, hot_values):
+            full[i] = v
+        return full
+
+    def joint(*ops):
+        lead_, lin_ = ops[:n_lead], ops[n_lead:n_lead + n_lin]
+        th, lt = ops[n_lead + n_lin:n_lead + n_lin + n_hot], ops[n_lead + n_lin + n_hot:]
+
+        def f(hv, lv):
+            return _core.eval_jaxpr(callee.jaxpr, callee.consts, *at(lead_, hv), *lv)
+        _, t = jax.jvp(f, (tuple(lead_[i] for i in hot), tuple(lin_)), (tuple(th), tuple(lt)))
+        return list(t)
+
+    def joint_transpose(*ops):
+        lead_, lin_ = ops[:n_lead], ops[n_lead:n_lead + n_lin]
+        cts = ops[n_lead + n_lin:]
+        transpose, t_consts = transpose_thunk()
+        res = lead_[len(lead_) - (len(transpose.in_avals) - len(t_consts) - len(cts)):]
+        ct_lin = _core.eval_jaxpr(transpose.jaxpr, transpose.consts, *t_consts, *res, *cts)
+
+        def f(*hv):
+            return _core.eval_jaxpr(callee.jaxpr, callee.consts, *at(lead_, hv), *lin_)
+        _, vjp = jax.vjp(f, *(lead_[i] for i in hot))
+        return [*vjp(list(cts)), *ct_lin]
+
+    in_avals = [_core.typeof(x) for x in (*lead, *lin, *hot_t, *lin_t)]
+    ct_avals = [to_cotangent_aval(a) for a in callee.out_avals]
+    # trace_flat puts captured constants first: they are the callees' consts.
+    joint_jaxpr, joint_consts, _ = trace_flat(joint, in_avals, "joint_tangent")
+    res_avals = in_avals[:n_lead + n_lin]
+
+    def thunk():
+        jaxpr, consts, _ = trace_flat(joint_transpose, [*res_avals, *ct_avals],
+                                      "joint_tangent_transpose")
+        return ClosedJaxpr(jaxpr, []), consts
+
+    return list(linear_call_p.bind(*joint_consts, *lead, *lin, *hot_t, *lin_t,
+                                   callee=ClosedJaxpr(joint_jaxpr, []), transpose_thunk=thunk,
+                                   num_callee_consts=len(joint_consts),
+                                   num_res=n_lead + n_lin))
 
 
 def _linear_call_transpose(cts, *args, callee, transpose_thunk, num_callee_consts, num_res):
@@ -582,12 +640,37 @@ def _linear_call_transpose(cts, *args, callee, transpose_thunk, num_callee_const
     if _refuses_forward_mode(callee):
         return _reverse_only_transpose(cts, args, known, transpose_thunk, n_lead, num_res)
     if not any(known):
-        return _JAX_LINEAR_CALL_TRANSPOSE(cts, *args, **params)
+        return _transpose_linear_call(cts, *args, **params)
     # A known linear operand only adds a constant to the result: it gets no
     # cotangent, the others get the custom transpose's.
     lin = [_lc_ad.UndefinedPrimal(_core.typeof(x)) if k else x for x, k in zip(lin, known)]
-    out = _JAX_LINEAR_CALL_TRANSPOSE(cts, *args[:n_lead], *lin, **params)
+    out = _transpose_linear_call(cts, *args[:n_lead], *lin, **params)
     return list(out[:n_lead]) + [None if k else c for c, k in zip(out[n_lead:], known)]
+
+
+# (issue 17) A linear_call whose transpose thunk can name its swapped rule
+# (``thunk.swapped()``, jaxpr-cc's first-order rules) transposes to a linear_call
+# that is again one of those rules, not to one with JAX's anonymous thunk: a
+# transposition stored in a program (a transposed while_loop) stays first-order.
+def _transpose_linear_call(cts, *args, callee, transpose_thunk, num_callee_consts, num_res):
+    swapped = getattr(transpose_thunk, "swapped", None)
+    if swapped is None or num_callee_consts:
+        return _JAX_LINEAR_CALL_TRANSPOSE(cts, *args, callee=callee,
+                                          transpose_thunk=transpose_thunk,
+                                          num_callee_consts=num_callee_consts, num_res=num_res)
+    transpose, t_consts = transpose_thunk()
+    res = args[:num_res]
+    cts_avals = transpose.in_avals[len(t_consts) + num_res:]
+    cts = [_lc_ad.instantiate_zeros(ct) if type(ct) is _lc_ad.Zero else ct for ct in cts]
+    cts = [ct if ct is not None else jax.numpy.zeros(a.shape, a.dtype)
+           for ct, a in zip(cts, cts_avals)]
+    if t_consts:
+        return _JAX_LINEAR_CALL_TRANSPOSE(cts, *args, callee=callee,
+                                          transpose_thunk=transpose_thunk,
+                                          num_callee_consts=num_callee_consts, num_res=num_res)
+    out = linear_call_p.bind(*res, *cts, callee=transpose, transpose_thunk=swapped(),
+                             num_callee_consts=0, num_res=num_res)
+    return [None] * num_res + list(out)
 
 
 def register_linear_call_batching() -> None:

@@ -63,7 +63,7 @@ class _NotGiven:
 _NOT_GIVEN: Any = _NotGiven()
 
 
-def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT,
+def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT, forward_mode: bool = True,
         in_shardings: Any = _NOT_GIVEN, out_shardings: Any = _NOT_GIVEN,
         static_argnums: int | Iterable[int] | None = _NOT_GIVEN,
         static_argnames: str | Iterable[str] | None = _NOT_GIVEN,
@@ -76,9 +76,16 @@ def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT,
 
     ``pipeline`` is a pass pipeline string for ``jaxpr_cc.run_passes``; ``None`` or
     ``""`` runs no passes; ``DEFAULT`` runs the passes of :data:`DEFAULT_PIPELINE`
-    that this build has.  The other keywords are ``jax.jit``'s and mean what they
-    mean there.
+    that this build has.  ``forward_mode`` (default True) gives every custom_vjp
+    rule a forward mode (``jax.jvp``/``jacfwd``/``hessian`` through it) from its
+    transposed bwd, as the ``vjp-to-jvp`` pass does; reverse mode still runs the
+    user's bwd and compiles to the same code.  Its only cost is trace time
+    (building the transposes); ``forward_mode=False`` skips it.  The other
+    keywords are ``jax.jit``'s and mean what they mean there.
     """
+    if not isinstance(forward_mode, bool):
+        raise TypeError(f"jaxpr_cc.jit: forward_mode must be True or False, got "
+                        f"{type(forward_mode).__name__}")
     given = {k: v for k, v in (("in_shardings", in_shardings), ("out_shardings", out_shardings),
                                ("static_argnums", static_argnums),
                                ("static_argnames", static_argnames),
@@ -89,11 +96,11 @@ def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT,
                                ("compiler_options", compiler_options))
              if v is not _NOT_GIVEN}
     if fun is _NOT_GIVEN:
-        return functools.partial(jit, pipeline=pipeline, **given)
+        return functools.partial(jit, pipeline=pipeline, forward_mode=forward_mode, **given)
     # jax.jit's own checks of the function itself (not callable, a generator
     # function...), which the stand-in would pass: its errors, raised here.
     jax.jit(fun)
-    stand_in = JitFunction.shared(fun, pipeline, given)
+    stand_in = JitFunction.shared(fun, pipeline, given, forward_mode)
     # jax.jit validates every keyword here and raises its own errors (a bad
     # static_argnums is its ValueError, not something found while tracing).
     with warnings.catch_warnings(record=True) as caught:
@@ -116,9 +123,13 @@ class _Entry:
     and (on request) its compiled executables by argument placement."""
     __slots__ = ("program", "evaluate", "executables")
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, forward_mode: bool = True):
         self.program = program
-        self.evaluate = xla.emit_function(program)
+        # What runs is the program with a forward mode through its custom_vjp
+        # rules (reverse mode still runs their bwd); ``program`` is what the
+        # pipeline made, as inspected and compiled.
+        self.evaluate = xla.emit_function(_with_forward_mode(program) if forward_mode
+                                          else program)
         self.executables: dict = {}
 
     def run(self, leaves: list):
@@ -169,11 +180,14 @@ class JitFunction:
     Nothing here refers to the ``jax.jit`` objects (no reference cycles: dropping
     the last of them frees the programs and what they closed over at once)."""
 
-    def __init__(self, fun: Callable, *, pipeline: Any, jit_options: dict):
+    def __init__(self, fun: Callable, *, pipeline: Any, jit_options: dict,
+                 forward_mode: bool = True):
         if not callable(fun):
             raise TypeError(f"jaxpr_cc.jit: expected a function, got {type(fun).__name__}")
         self._label = f"jaxpr_cc.jit({_fun_name(fun)})"
         self._pipeline = _resolve_pipeline(pipeline, self._label)
+        # The pipeline's own vjp-to-jvp (with its options) is not run twice.
+        self._forward_mode = forward_mode and "vjp-to-jvp" not in self._pipeline
         self._options = dict(jit_options)
         try:
             self._fun_ref: Callable[[], Any] = weakref.ref(fun)
@@ -196,22 +210,25 @@ class JitFunction:
         self._cache: dict = {}
 
     @classmethod
-    def shared(cls, fun: Callable, pipeline: Any, jit_options: dict) -> "_StandIn":
+    def shared(cls, fun: Callable, pipeline: Any, jit_options: dict,
+               forward_mode: bool = True) -> "_StandIn":
         """The stand-in for ``fun`` with these options: the one made before while
         ``fun`` lives, else a new one (with a new state)."""
+        make = functools.partial(cls, pipeline=pipeline, jit_options=jit_options,
+                                 forward_mode=forward_mode)
         try:
-            key = (_option_key(pipeline), _option_key(jit_options))
+            key = (_option_key(pipeline), _option_key(jit_options), forward_mode)
             hash(key)
             per_fun = _SHARED.get(fun)
         except TypeError:  # unhashable options, or fun cannot be weakly referenced
-            return _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
+            return _StandIn(make(fun), fun)
         stand_in = per_fun.get(key) if per_fun is not None else None
         if stand_in is not None and stand_in._jaxpr_cc_state._fun is not fun:
             # An equal but distinct callable: it gets its own stand-in, which holds
             # it (a shared one would trace the other object).
-            return _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
+            return _StandIn(make(fun), fun)
         if stand_in is None:
-            stand_in = _StandIn(cls(fun, pipeline=pipeline, jit_options=jit_options), fun)
+            stand_in = _StandIn(make(fun), fun)
             if stand_in._jaxpr_cc_state._weak_error is None:
                 _SHARED.setdefault(fun, {})[key] = stand_in
         return stand_in
@@ -305,7 +322,7 @@ class JitFunction:
         from .frontend.trace import trace
         program = trace(target, *spec_args, **spec_kwargs)
         program = _run_pipeline(program, self._pipeline, self._label)
-        entry = _Entry(program)
+        entry = _Entry(program, forward_mode=self._forward_mode)
         if not _holds_tracers(program):
             # A program that closed over a tracer of an enclosing transformation is
             # only valid inside that trace: use it once, never cache it.
@@ -417,6 +434,11 @@ def _holding(fun: Callable, method: Callable) -> Callable:
         return method(*args, **kwargs)
     call.jaxpr_cc_function = fun
     return call
+
+
+def _with_forward_mode(program: Program) -> Program:
+    from .passes.vjp_to_jvp import with_forward_mode
+    return with_forward_mode(program)
 
 
 def _fun_name(fun: Any) -> str:

@@ -7,9 +7,17 @@ returning the cotangents of the linear inputs.  The work is JAX's own
 ``jax.linear_transpose``, applied to an evaluation of the jaxpr and traced with
 ``jax_adapter.trace_flat``; the other inputs are constants of the transposition.
 
+JAX transposes no ``while_loop``; loops that iterate a linear map are bound as
+``linear_call`` rules whose transpose iterates the transposed map (see "while
+loops" below): counted loops exactly, loops to convergence (a fixed-point or
+Neumann iteration of an adjoint solve) by the same iteration of the transposed
+map with the same stopping test.  Such loops are found inside calls, custom
+rules' primals, ``cond`` branches and ``scan`` bodies too.
+
 When the jaxpr is not linear in those inputs -- a nonlinear primitive reads them
-(``sin(ct)``, ``ct * ct``, ``clip(ct)``), a loop carries them, or an output does
-not depend on them but is not zero (an affine map) -- :class:`NotTransposableError`
+(``sin(ct)``, ``ct * ct``, ``clip(ct)``), a loop's stopping test reads them
+other than through its carries, or an output does not depend on them but is not
+zero (an affine map) -- :class:`NotTransposableError`
 names the first offending equation and the user source line it came from.
 That check runs first, on the jaxpr's structure (JAX's transposition would
 silently drop the constant part of an affine map), and is conservative: a map
@@ -19,6 +27,7 @@ as affine.
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -74,7 +83,9 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
                 full[i] = v
             for i, v in zip(lin_pos, lin):
                 full[i] = v
-            return list(jx.eval_jaxpr(closed.jaxpr, (), *full))
+            # Loops that iterate a linear map are bound as linear_calls whose
+            # transpose iterates the transposed map (JAX transposes no while_loop).
+            return eval_linear(closed.jaxpr, (), full, linear)
 
         if not lin_examples:
             return []
@@ -188,6 +199,20 @@ _ZERO_PRESERVING = ("broadcast_in_dim", "convert_element_type", "reshape", "tran
 _AFFINE = "does not depend on the linear input and is not zero (an affine map, not a linear one)"
 
 
+_LENIENT = [0]
+
+
+class _lenient:
+    """Within: :func:`_scan` does not stop at problems (a loop's carries are
+    being found; an early iteration may see a carry as not yet linear)."""
+
+    def __enter__(self):
+        _LENIENT[0] += 1
+
+    def __exit__(self, *exc):
+        _LENIENT[0] -= 1
+
+
 def first_nonlinear_equation(jaxpr, linear: Sequence[bool]) -> "Problem | None":
     """The first equation that keeps ``jaxpr`` from being linear in the inputs
     marked ``linear`` (a :class:`Problem`), or None when none is found."""
@@ -212,6 +237,8 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
     a coefficient the enclosing jaxpr may use.
     """
     dep = {v for v, flag in zip(jaxpr.invars, linear) if flag}
+    live = _live_equations(jaxpr)
+    used = _used_vars(jaxpr, live)
     zero_vars = {v for v, flag in zip(jaxpr.invars, zeros) if flag}
 
     def depends(atom) -> bool:
@@ -220,7 +247,9 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
     def is_zero(atom) -> bool:
         return _is_zero_literal(atom) if isinstance(atom, Literal) else atom in zero_vars
 
-    for eqn in jaxpr.eqns:
+    for eqn, is_live in zip(jaxpr.eqns, live):
+        if not is_live:
+            continue  # dead code (a discarded step size): it computes nothing
         flags = [depends(a) for a in eqn.invars]
         zflags = [is_zero(a) for a in eqn.invars]
         name = eqn.primitive.name
@@ -233,11 +262,18 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
         joint = _JOINT_OPERANDS.get(name)
         if joint is not None:
             for pos in range(len(eqn.invars))[joint]:
-                if not flags[pos] and not zflags[pos]:
+                if not flags[pos] and not zflags[pos] and not _LENIENT[0]:
                     return Problem(eqn, f"'{name}' adds operand {pos}, which {_AFFINE}"), None, None
-        problem, outs, out_zero = _eqn_linearity(eqn, flags, zflags)
+        problem, outs, out_zero = _eqn_linearity(eqn, flags, zflags, used)
         if problem is not None:
-            return problem, None, None
+            if not _LENIENT[0]:
+                return problem, None, None
+            # Finding which values carry the linear input (a loop's fixed point):
+            # go on as if the equation were linear; the final check reports it.
+            # (Discrete results -- a comparison, a rounding -- carry nothing linear.)
+            outs = [r and jnp.issubdtype(v.aval.dtype, jnp.inexact)
+                    for v, r in zip(eqn.outvars, _eqn_reaches(eqn, flags))]
+            out_zero = [False] * len(eqn.outvars)
         dep.update(v for v, flag in zip(eqn.outvars, outs) if flag)
         zero_vars.update(v for v, flag in zip(eqn.outvars, out_zero) if flag)
     out_linear = [depends(a) for a in jaxpr.outvars]
@@ -258,13 +294,12 @@ def _sub_jaxpr(eqn):
     return None
 
 
-def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool]):
+def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used=frozenset()):
     """``(problem, out_linear, out_zero)`` for one equation reading linear values."""
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     if name == "while":
-        return Problem(eqn, "a while_loop carries the linear input (a loop of unknown trip "
-                            "count cannot be transposed)"), None, None
+        return _while_linearity(eqn, flags, zeros, used)
     if name == "cond":
         return _cond_linearity(eqn, flags, zeros)
     if name == "scan":
@@ -333,15 +368,17 @@ def _scan_linearity(eqn, flags, zeros):
     flags, zeros = list(flags), list(zeros)
     # A carry carries the linear input if it starts with it or the body puts it
     # there; it is zero only if it starts zero and the body keeps it zero.
-    while True:
-        problem, outs, out_zero = _scan(body, flags, zeros, check_outputs=False)
-        if problem is not None:
-            return problem.within(eqn), None, None
-        lin_new = [a or b for a, b in zip(flags[carry], outs[:n_carry])]
-        zero_new = [a and b for a, b in zip(zeros[carry], out_zero[:n_carry])]
-        if lin_new == flags[carry] and zero_new == zeros[carry]:
-            break
-        flags[carry], zeros[carry] = lin_new, zero_new
+    with _lenient():
+        while True:
+            _, outs, out_zero = _scan(body, flags, zeros, check_outputs=False)
+            lin_new = [a or b for a, b in zip(flags[carry], outs[:n_carry])]
+            zero_new = [a and b for a, b in zip(zeros[carry], out_zero[:n_carry])]
+            if lin_new == flags[carry] and zero_new == zeros[carry]:
+                break
+            flags[carry], zeros[carry] = lin_new, zero_new
+    problem, outs, out_zero = _scan(body, flags, zeros, check_outputs=False)
+    if problem is not None:
+        return problem.within(eqn), None, None
     for k in range(n_carry):
         if not lin_new[k]:
             continue
@@ -351,3 +388,452 @@ def _scan_linearity(eqn, flags, zeros):
             return (Problem(eqn, f"the scan body sets carry {k} to a value that {_AFFINE}"),
                     None, None)
     return None, lin_new + outs[n_carry:], zero_new + out_zero[n_carry:]
+
+
+# ------------------------------------------------------------- while loops
+# A while_loop reading the linear input is linear when its carries split into
+# linear ones L (they carry the linear input; the body maps them, with the
+# linear loop constants, linearly) and the others N (a counter, coefficients:
+# nothing linear reaches them).  Two kinds are transposed:
+#
+# * counted loops -- the stopping test reads N only, so the trip count T does
+#   not depend on the linear input: the transpose runs the transposed body T
+#   times, accumulating the constants' cotangents (exact);
+# * loops to convergence -- the stopping test reads L (``|x_prev - x| > tol``,
+#   a fixed-point or Neumann iteration): the loop computes the fixed point
+#   L* = M L* + B c of its linear map, whose transpose is w* = M^T w* + L_bar,
+#   c_bar = B^T w*.  The transpose is the same iteration of the transposed map,
+#   with the same stopping test applied to the transposed iterate, ending also
+#   once the iterate stops changing exactly (further steps would change
+#   nothing).  The initial carry's cotangent is zero: at convergence the result
+#   does not depend on where the iteration started.
+#
+# Either way the linear update must not read N (the same linear map every
+# step); a loop to convergence must not let its trip count escape.
+def _live_equations(jaxpr) -> list[bool]:
+    """Which equations reach an output or have effects (the others are dead)."""
+    needed = {a for a in jaxpr.outvars if not isinstance(a, Literal)}
+    live = [False] * len(jaxpr.eqns)
+    for i in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[i]
+        if eqn.effects or any(v in needed for v in eqn.outvars):
+            live[i] = True
+            needed.update(a for a in eqn.invars if not isinstance(a, Literal))
+    return live
+
+
+def _used_vars(jaxpr, live=None) -> set:
+    """The variables live equations and the outputs read."""
+    live = _live_equations(jaxpr) if live is None else live
+    used = {a for e, is_live in zip(jaxpr.eqns, live) if is_live
+            for a in e.invars if not isinstance(a, Literal)}
+    used.update(a for a in jaxpr.outvars if not isinstance(a, Literal))
+    return used
+
+
+def _reaches(jaxpr, flags) -> list[bool]:
+    """Which outputs of ``jaxpr`` read the inputs marked: data dependence,
+    followed through calls, branches and loop carries."""
+    dep = {v for v, f in zip(jaxpr.invars, flags) if f}
+    for e in jaxpr.eqns:
+        in_flags = [not isinstance(a, Literal) and a in dep for a in e.invars]
+        if any(in_flags):
+            dep.update(v for v, f in zip(e.outvars, _eqn_reaches(e, in_flags)) if f)
+    return [not isinstance(a, Literal) and a in dep for a in jaxpr.outvars]
+
+
+def _eqn_reaches(eqn, flags) -> list[bool]:
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    p = eqn.params
+    if name == "while":
+        cc, bc = p["cond_nconsts"], p["body_nconsts"]
+        carry = list(flags[cc + bc:])
+        body = p["body_jaxpr"].jaxpr
+        while True:
+            new = [a or b for a, b in zip(carry, _reaches(body, list(flags[cc:cc + bc]) + carry))]
+            if new == carry:
+                break
+            carry = new
+        if any(flags[:cc]) or any(_reaches(p["cond_jaxpr"].jaxpr, list(flags[:cc]) + carry)):
+            return [True] * n_out  # the trip count depends on them: so does every carry
+        return carry
+    if name == "scan":
+        nc, ncarry = p["num_consts"], p["num_carry"]
+        carry = list(flags[nc:nc + ncarry])
+        body = p["jaxpr"].jaxpr
+        while True:
+            outs = _reaches(body, list(flags[:nc]) + carry + list(flags[nc + ncarry:]))
+            new = [a or b for a, b in zip(carry, outs[:ncarry])]
+            if new == carry:
+                return new + outs[ncarry:]
+            carry = new
+    if name == "cond":
+        if flags[0]:
+            return [True] * n_out
+        outs = [False] * n_out
+        for branch in p["branches"]:
+            outs = [a or b for a, b in zip(outs, _reaches(branch.jaxpr, list(flags[1:])))]
+        return outs
+    sub = _sub_jaxpr(eqn)
+    if sub is not None and len(sub.invars) == len(flags):
+        return _reaches(sub, list(flags))
+    return [True] * n_out
+
+
+class _WhileSplit:
+    """How a while_loop reads the linear input: which loop constants and carries
+    carry it, and whether its stopping test reads them (a loop to convergence)."""
+    __slots__ = ("cc", "bc", "const_lin", "carry_lin", "carry_zero", "converges", "varying")
+
+    def __init__(self, cc, bc, const_lin, carry_lin, carry_zero, converges, varying):
+        self.cc, self.bc = cc, bc
+        self.const_lin, self.carry_lin = const_lin, carry_lin
+        self.carry_zero, self.converges = carry_zero, converges
+        self.varying = varying  # the linear map reads the other carries
+
+
+def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
+    """``(problem, split)`` for a while_loop whose operands are marked ``flags``."""
+    p = eqn.params
+    cc, bc = p["cond_nconsts"], p["body_nconsts"]
+    body, cond = p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr
+    if any(flags[:cc]):
+        return Problem(eqn, "a while_loop whose stopping test reads a value computed from the "
+                            "linear input other than its carries"), None
+    const_lin = list(flags[cc:cc + bc])
+    carry = slice(cc + bc, None)
+    init_lin, init_zero = list(flags[carry]), list(zeros[carry])
+    lin, zero = list(init_lin), list(init_zero)
+    const_zero = list(zeros[cc:cc + bc])
+    with _lenient():
+        while True:
+            _, outs, out_zero = _scan(body, const_lin + lin, const_zero + zero,
+                                      check_outputs=False)
+            lin_new = [a or b for a, b in zip(lin, outs)]
+            zero_new = [a and b for a, b in zip(zero, out_zero)]
+            if lin_new == lin and zero_new == zero:
+                break
+            lin, zero = lin_new, zero_new
+    problem, outs, out_zero = _scan(body, const_lin + lin, const_zero + zero, check_outputs=False)
+    if problem is not None and check and not _LENIENT[0]:
+        return problem.within(eqn), None
+    if outs is None:  # lenient: a problem inside, every carry it reaches is linear
+        outs, out_zero = lin, [False] * len(lin)
+    if check:
+        for k, flag in enumerate(lin):
+            if not flag:
+                continue
+            if not init_lin[k] and not init_zero[k]:
+                return Problem(eqn, f"while_loop carry {k} starts from a value that {_AFFINE}"), None
+            if not outs[k] and not out_zero[k]:
+                return (Problem(eqn, f"the while_loop body sets carry {k} to a value that "
+                                     f"{_AFFINE}"), None)
+    reads_n = _reaches(body, [False] * bc + [not f for f in lin])
+    varying = any(r and f for r, f in zip(reads_n, lin))
+    converges = any(_reaches(cond, [False] * cc + lin))
+    if varying and converges:
+        return (Problem(eqn, "a while_loop that stops on a test of the linear input and whose "
+                             "linear update reads a carry that does not carry it (a counter or "
+                             "coefficient: the map changes from step to step, so the loop does "
+                             "not iterate one linear map to its fixed point)"), None)
+    if converges and check and any(not f and v in used for f, v in zip(lin, eqn.outvars)):
+        return (Problem(eqn, "the trip count (or another non-linear carry) of a while_loop that "
+                             "stops on a test of the linear input is used: it depends on the "
+                             "linear input"), None)
+    if converges and not any(lin[k] for k in range(len(lin))):
+        converges = False
+    return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges, varying)
+
+
+def _while_linearity(eqn, flags, zeros, used):
+    problem, split = _while_split(eqn, flags, zeros, used)
+    if problem is not None:
+        return problem, None, None
+    return None, list(split.carry_lin), list(split.carry_zero)
+
+
+def _sub_jaxprs(params):
+    for v in params.values():
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(x, ClosedJaxpr):
+                yield x.jaxpr
+            elif isinstance(x, jx.Jaxpr):
+                yield x
+
+
+def _has_while(jaxpr) -> bool:
+    return any(e.primitive.name == "while" or any(_has_while(s) for s in _sub_jaxprs(e.params))
+               for e in jaxpr.eqns)
+
+
+def _eqn_has_while(eqn) -> bool:
+    return eqn.primitive.name == "while" or any(_has_while(s) for s in _sub_jaxprs(eqn.params))
+
+
+def _callee(eqn):
+    """``(jaxpr, consts)`` of a call-like equation whose body takes its operands."""
+    for key in _CALL_PARAMS:
+        sub = eqn.params.get(key)
+        if isinstance(sub, ClosedJaxpr) and len(sub.jaxpr.invars) == len(eqn.invars):
+            return sub.jaxpr, sub.consts
+        if isinstance(sub, jx.Jaxpr) and len(sub.invars) == len(eqn.invars) and not sub.constvars:
+            return sub, ()
+    return None
+
+
+def eval_linear(jaxpr, consts, args, linear) -> list:
+    """Evaluate ``jaxpr`` (linear in the inputs marked ``linear``) so that JAX can
+    transpose it: every while_loop reading the linear input, also inside calls,
+    custom rules' primals, cond branches and scan bodies, is bound as a
+    ``linear_call`` whose transpose iterates the transposed map; everything else
+    is bound as it is."""
+    env: dict = {}
+    dep: set = set()
+
+    def read(a):
+        return a.val if isinstance(a, Literal) else env[a]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c
+    for v, x, flag in zip(jaxpr.invars, args, linear):
+        env[v] = x
+        if flag:
+            dep.add(v)
+    live = _live_equations(jaxpr)
+    used = _used_vars(jaxpr, live)
+    for eqn, is_live in zip(jaxpr.eqns, live):
+        if not is_live:
+            continue
+        invals = [read(a) for a in eqn.invars]
+        flags = [not isinstance(a, Literal) and a in dep for a in eqn.invars]
+        if any(flags) and _eqn_has_while(eqn):
+            outs, out_flags = _eval_linear_eqn(eqn, invals, flags, used)
+        else:
+            outs = jx.eval_equation(eqn, invals)
+            out_flags = [any(flags)] * len(outs)
+        for v, x, flag in zip(eqn.outvars, outs, out_flags):
+            env[v] = x
+            if flag:
+                dep.add(v)
+    return [read(a) for a in jaxpr.outvars]
+
+
+def _eval_linear_eqn(eqn, invals, flags, used):
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    if name == "while":
+        return _bind_linear_while(eqn, invals, flags, used)
+    if name == "cond":
+        branches = [functools.partial(_run_branch, br, flags[1:]) for br in eqn.params["branches"]]
+        outs = jax.lax.switch(invals[0], branches, *invals[1:])
+        return list(outs), [True] * n_out
+    if name == "scan":
+        return _run_scan(eqn, invals, flags), [True] * n_out
+    callee = _callee(eqn)
+    if callee is not None:
+        # Calls and custom rules' primals (JAX's transposition sees the primal of
+        # a custom rule too): inline, so that their loops are found.
+        return eval_linear(callee[0], callee[1], invals, flags), [True] * n_out
+    return jx.eval_equation(eqn, invals), [True] * n_out
+
+
+def _run_branch(branch, flags, *ops):
+    return eval_linear(branch.jaxpr, branch.consts, list(ops), flags)
+
+
+def _run_scan(eqn, invals, flags):
+    p = eqn.params
+    nc, ncarry = p["num_consts"], p["num_carry"]
+    body = p["jaxpr"]
+    consts, carry, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+    c_flags, x_flags = flags[:nc], flags[nc + ncarry:]
+    carry_flags = list(flags[nc:nc + ncarry])
+    while True:  # the carries the linear input reaches
+        outs = _reaches(body.jaxpr, c_flags + carry_flags + x_flags)[:ncarry]
+        new = [a or b for a, b in zip(carry_flags, outs)]
+        if new == carry_flags:
+            break
+        carry_flags = new
+    body_flags = c_flags + carry_flags + x_flags
+
+    def step(c, x):
+        outs = eval_linear(body.jaxpr, body.consts, [*consts, *c, *x], body_flags)
+        return outs[:ncarry], outs[ncarry:]
+
+    carry_out, ys = jax.lax.scan(step, list(carry), list(xs), length=p["length"],
+                                 reverse=p["reverse"], unroll=p["unroll"])
+    return [*carry_out, *ys]
+
+
+def _bind_linear_while(eqn, invals, flags, used):
+    zeros = [isinstance(a, Literal) and _is_zero_literal(a) for a in eqn.invars]
+    _, split = _while_split(eqn, flags, zeros, check=False)
+    p = eqn.params
+    cc, bc = split.cc, split.bc
+    body, cond = p["body_jaxpr"], p["cond_jaxpr"]
+    n_carry = len(eqn.outvars)
+    const_lin, carry_lin = split.const_lin, split.carry_lin
+    c_consts = list(invals[:cc])
+    b_consts, init = list(invals[cc:cc + bc]), list(invals[cc + bc:])
+    b_avals = [v.aval for v in body.jaxpr.invars]
+    const_avals, carry_avals = b_avals[:bc], b_avals[bc:]
+    res = [*c_consts, *[b for b, f in zip(b_consts, const_lin) if not f],
+           *[x for x, f in zip(init, carry_lin) if not f]]
+    lin = [*[b for b, f in zip(b_consts, const_lin) if f],
+           *[x for x, f in zip(init, carry_lin) if f]]
+    n_nl_const = bc - sum(const_lin)
+    lin_const_avals = [a for a, f in zip(const_avals, const_lin) if f]
+    lin_carry_avals = [a for a, f in zip(carry_avals, carry_lin) if f]
+
+    def merge(flags_, lin_vals, other_vals):
+        lin_it, other_it = iter(lin_vals), iter(other_vals)
+        return [next(lin_it) if f else next(other_it) for f in flags_]
+
+    def split_res(r):
+        r = list(r)
+        return r[:cc], r[cc:cc + n_nl_const], r[cc + n_nl_const:]
+
+    def callee(r, lv):
+        cv, nl_consts, n_init = split_res(r)
+        lv = list(lv)
+        ops = [*cv, *merge(const_lin, lv[:len(lin_const_avals)], nl_consts),
+               *merge(carry_lin, lv[len(lin_const_avals):], n_init)]
+        outs = jx.eval_equation(eqn, ops)
+        return [o for o, f in zip(outs, carry_lin) if f]
+
+    def zeros_of(avals):
+        return [jnp.zeros(a.shape, a.dtype) for a in avals]
+
+    def body_n(nl_consts, n_vals):
+        """The carries that do not carry the linear input, one step on."""
+        full = [*merge(const_lin, zeros_of(lin_const_avals), nl_consts),
+                *merge(carry_lin, zeros_of(lin_carry_avals), n_vals)]
+        outs = jx.eval_jaxpr(body.jaxpr, body.consts, *full)
+        return [o for o, f in zip(outs, carry_lin) if not f]
+
+    def body_t(nl_consts, n_vals, w):
+        """(B^T w, M^T w): the transposed step."""
+        def step(lc, lcar):
+            full = [*merge(const_lin, lc, nl_consts), *merge(carry_lin, lcar, n_vals)]
+            outs = eval_linear(body.jaxpr, body.consts, full, [*const_lin, *carry_lin])
+            return [o for o, f in zip(outs, carry_lin) if f]
+        examples = ([jax.ShapeDtypeStruct(a.shape, a.dtype) for a in lin_const_avals],
+                    [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in lin_carry_avals])
+        g_c, g_l = jax.linear_transpose(step, *examples)(list(w))
+        return list(g_c), list(g_l)
+
+    def stop_test(cv, n_vals, l_vals):
+        carries = merge(carry_lin, l_vals, n_vals)
+        return jx.eval_jaxpr(cond.jaxpr, cond.consts, *cv, *carries)[0]
+
+    def transpose(r, cts):
+        cv, nl_consts, n_init = split_res(r)
+        l_bar = list(cts)
+        if split.converges:
+            def keep_going(state):
+                n_vals, w, changed = state
+                return jnp.logical_and(changed, stop_test(cv, n_vals, w))
+
+            def step(state):
+                n_vals, w, _ = state
+                _, g_l = body_t(nl_consts, n_vals, w)
+                w_new = [g + b for g, b in zip(g_l, l_bar)]
+                changed = functools.reduce(jnp.logical_or,
+                                           [jnp.any(a != b) for a, b in zip(w_new, w)],
+                                           jnp.bool_(False))
+                return body_n(nl_consts, n_vals), w_new, changed
+
+            _, w_star, _ = jax.lax.while_loop(keep_going, step,
+                                              (list(n_init), l_bar, jnp.bool_(True)))
+            g_c, _ = body_t(nl_consts, list(n_init), w_star)
+            return [*g_c, *zeros_of(lin_carry_avals)]
+
+        def count_cond(state):
+            n_vals, _ = state
+            return stop_test(cv, n_vals, zeros_of(lin_carry_avals))
+
+        def count_step(state):
+            n_vals, k = state
+            return body_n(nl_consts, n_vals), k + 1
+
+        _, trips = jax.lax.while_loop(count_cond, count_step, (list(n_init), jnp.int32(0)))
+
+        def n_at(k):
+            """The other carries at step k, recomputed from the start: the
+            transposed steps need them in reverse order, and a while_loop keeps
+            no history (quadratic in the trip count, for varying maps only)."""
+            if not split.varying:
+                return list(n_init)
+            return jax.lax.fori_loop(0, k, lambda _, n: body_n(nl_consts, n), list(n_init))
+
+        def back_step(j, state):
+            acc, w = state
+            g_c, g_l = body_t(nl_consts, n_at(trips - 1 - j), w)
+            return [a + g for a, g in zip(acc, g_c)], g_l
+
+        acc, w = jax.lax.fori_loop(0, trips, back_step, (zeros_of(lin_const_avals), l_bar))
+        return [*acc, *w]
+
+    l_out = _bind_rule(eqn, callee, transpose, res, lin,
+                       [jx.to_cotangent_aval(a) for a in lin_carry_avals])
+    outs, l_it = [], iter(l_out)
+    need_n = any(not f and v in used for f, v in zip(carry_lin, eqn.outvars))
+    n_out = None
+    if need_n:
+        # Counted loops only (checked): the other carries do not depend on the
+        # linear input; run the loop with it zeroed to get them.
+        ops = [*c_consts, *merge(const_lin, zeros_of(lin_const_avals),
+                                 [b for b, f in zip(b_consts, const_lin) if not f]),
+               *merge(carry_lin, zeros_of(lin_carry_avals),
+                      [x for x, f in zip(init, carry_lin) if not f])]
+        n_out = jx.eval_equation(eqn, ops)
+    for k in range(n_carry):
+        if carry_lin[k]:
+            outs.append(next(l_it))
+        elif n_out is not None:
+            outs.append(n_out[k])
+        else:
+            aval = eqn.outvars[k].aval
+            outs.append(jnp.zeros(aval.shape, aval.dtype))
+    return outs, list(carry_lin)
+
+
+def _bind_rule(eqn, callee, transpose, res, lin, ct_avals):
+    """``linear_call(callee, transpose)(res; lin)`` as a first-order rule (callee
+    and transpose are constant-free jaxprs, so the IR can hold the equation and
+    the saved-program format can write it)."""
+    from .closure.rules import LinearRule, RuleInfo, bind_linear_rule
+    res_avals = [jax.typeof(x) for x in res]
+    lin_avals = [jax.typeof(x) for x in lin]
+    nr = len(res)
+    c_jaxpr, c_consts, _ = jx.trace_flat(lambda *a: callee(a[:nr], a[nr:]),
+                                         [*res_avals, *lin_avals], "while_linear")
+    t_jaxpr, t_consts, _ = jx.trace_flat(lambda *a: transpose(a[:nr], a[nr:]),
+                                         [*res_avals, *ct_avals], "while_transposed")
+    # Constants either function captured become leading residuals of both.
+    nc, nt = len(c_consts), len(t_consts)
+    k_avals = [jax.typeof(x) for x in [*c_consts, *t_consts]]
+
+    def callee_all(*a):
+        return jx.eval_jaxpr(c_jaxpr, (), *a[:nc], *a[nc + nt:])
+
+    def transpose_all(*a):
+        return jx.eval_jaxpr(t_jaxpr, (), *a[nc:nc + nt], *a[nc + nt:])
+
+    callee_c = _constant_free(callee_all, [*k_avals, *res_avals, *lin_avals], "while_linear")
+    transpose_c = _constant_free(transpose_all, [*k_avals, *res_avals, *ct_avals],
+                                 "while_transposed")
+    where = jx.source_summary(eqn.source_info) or "?"
+    info = RuleInfo(name="while_loop", source=where, const_names=())
+    rule = LinearRule(info=info, callee=callee_c, transpose=transpose_c,
+                      num_res=nc + nt + nr)
+    return bind_linear_rule(rule, [*c_consts, *t_consts, *res, *lin])
+
+
+def _constant_free(fn, avals, name):
+    jaxpr, consts, _ = jx.trace_flat(fn, avals, name)
+    if consts:
+        raise NotTransposableError(f"the transpose of a while_loop captured {len(consts)} "
+                                   f"constants")
+    return ClosedJaxpr(jaxpr, [])

@@ -364,6 +364,14 @@ class _TransposeThunk:
     def __call__(self):
         return body(self._jaxpr_cc_rule.transpose), []
 
+    def swapped(self) -> "_TransposeThunk":
+        """The thunk of the transposed call (callee and transpose exchanged)."""
+        rule = self._jaxpr_cc_rule
+        if rule.transpose is None:
+            _truncated("linear_call transpose", rule.info, rule.depth_limit)
+        return _TransposeThunk(LinearRule(info=rule.info, callee=rule.transpose,
+                                          transpose=rule.callee, num_res=rule.num_res))
+
 
 def bind_linear_rule(rule: LinearRule, operands):
     """Bind ``linear_call`` for a first-order rule on ``(*r, *x)``."""

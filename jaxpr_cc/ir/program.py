@@ -146,7 +146,13 @@ class Program:
     def __call__(self, *args, **kwargs):
         from ..jax_adapter import eval_jaxpr
         flat = self.flatten_args(args, kwargs)
-        closed = self.to_jaxpr()
+        from ..jax_adapter import inside_autodiff, is_autodiff_tracer
+        if inside_autodiff() or any(map(is_autodiff_tracer, flat)):
+            # Differentiated: custom_vjp rules get a forward mode (passes/vjp_to_jvp.py).
+            from ..passes.vjp_to_jvp import forward_mode_jaxpr
+            closed = forward_mode_jaxpr(self)
+        else:
+            closed = self.to_jaxpr()
         outs = eval_jaxpr(closed.jaxpr, closed.consts, *self.params, *flat)
         # Literal and constant outputs come back from the evaluator as numpy-like
         # values, and passed-through inputs as given: return jax.Arrays, as jax.jit does

@@ -25,8 +25,14 @@ at most ``max_forward_size`` elements), the closed-over values are made ordinary
 linear inputs of the ``linear_call``, whose transpose forms their cotangents from
 forward-mode columns, as the vjp rule did.
 
-A bwd that is not linear in the cotangent (``clip(ct)``, ``sin(ct)``, a while_loop
-over it) has no transpose.  By default (``untransposable=reverse-only``) such a rule
+The bwd may iterate a linear map in a while_loop (an adjoint fixed-point solve,
+a counted loop): ``jaxpr_cc.transpose`` transposes those too.  ``jaxpr_cc.jit``
+and calls of a Program under autodiff run this pass by default
+(``FORWARD_MODE_PIPELINE``; ``jaxpr_cc.jit(f, forward_mode=False)`` opts out).
+
+A bwd that is not linear in the cotangent (``clip(ct)``, ``sin(ct)``, a loop
+that stops on a test of the cotangent that is not one of its carries) has no
+transpose.  By default (``untransposable=reverse-only``) such a rule
 stays reverse-only: reverse mode still runs its bwd, exactly as the custom_vjp did,
 while forward mode through it raises one line naming the rule and the offending
 operation (``can't apply forward-mode autodiff ... through a reverse-only rule:
@@ -75,6 +81,10 @@ class VjpToJvp(Pass):
                "forward mode through VJP-only functions, reverse mode still runs bwd")
     rules: tuple[str, ...] = ()                      # rule function names; empty = all
     untransposable: Literal["reverse-only", "error", "skip", "primal"] = "reverse-only"
+    # keep: a rule whose rewrite fails for any other reason (a bug, an unsupported
+    # construct) stays a custom_vjp, counted; raise: the pass fails.  jaxpr_cc.jit
+    # and Program calls use 'keep' (forward mode is added, never a new failure).
+    on_failure: Literal["raise", "keep"] = "raise"
 
     def run(self, program, ctx: PassContext):
         rewriter = _Rewriter(self, ctx)
@@ -108,6 +118,18 @@ class _Rewriter:
             if eqn.prim.name == "custom_vjp_call":
                 self.rewrite(region, eqn)
 
+    def _build(self, p: dict, mode: str, refusal: str | None = None) -> dict | None:
+        if self.options.on_failure == "raise":
+            return build_jvp_params(p, untransposable=mode, refusal=refusal)
+        try:
+            return build_jvp_params(p, untransposable=mode, refusal=refusal)
+        except NotTransposableError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- keep the user's rule, say why
+            self.ctx.count(f"rule '{p.get('name', '?')}' ({p.get('source', '?')}) kept as "
+                           f"custom_vjp: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            return None
+
     def rewrite(self, region: Region, eqn: Equation) -> None:
         p = eqn.params
         if not is_first_order_custom("custom_vjp_call", p):
@@ -117,24 +139,37 @@ class _Rewriter:
             self.ctx.count("calls-not-selected")
             return
         key = (id(p["call_jaxpr"]), id(p["fwd_jaxpr"]), id(p["bwd_jaxpr"]))
+        if self.options.on_failure == "keep" and _consts_refused_in_reverse(p):
+            # The vjp rule refuses reverse mode w.r.t. its closed-over values (too
+            # many forward columns); a jvp rule would differentiate the primal
+            # instead.  By default reverse mode must not change: keep the rule.
+            self.ctx.count(f"rule '{p.get('name', '?')}' ({p.get('source', '?')}) kept as "
+                           f"custom_vjp: its closed-over values exceed max_forward_size")
+            return
         if key not in self.built:
             mode = self.options.untransposable
             try:
-                self.built[key] = build_jvp_params(p, untransposable=mode)
-                self.ctx.count("rules-rewritten")
+                self.built[key] = self._build(p, mode)
+                if self.built[key] is not None:
+                    self.ctx.count("rules-rewritten")
             except NotTransposableError as e:
-                if mode == "error":
+                if mode == "error" and self.options.on_failure == "keep":
+                    self.built[key] = None
+                    self.ctx.count("rules-kept-untransposable")
+                elif mode == "error":
                     raise NotTransposableError(
                         f"{e}; vjp-to-jvp needs a bwd that is linear in the cotangent "
                         f"(untransposable=reverse-only, the default, keeps such rules "
                         f"reverse-only; untransposable=skip leaves them as they are; "
                         f"untransposable=primal takes forward-mode tangents from the primal)",
                         e.equation, e.reason) from None
-                if mode != "reverse-only":
+                elif mode != "reverse-only":
                     self.built[key] = None
                     self.ctx.count("rules-skipped-untransposable")
                 else:
-                    self.built[key] = build_jvp_params(p, untransposable=mode, refusal=str(e))
+                    self.built[key] = self._build(p, mode, refusal=str(e))
+                    if self.built[key] is None:
+                        return
                     self.ctx.count("rules-reverse-only")
                     self.ctx.count(f"rule '{p.get('name', '?')}' ({p.get('source', '?')}) kept "
                                    f"reverse-only: {e}")
@@ -219,6 +254,20 @@ def _info(p: dict) -> RuleInfo:
     return RuleInfo(name=p["name"], source=p["source"], const_names=tuple(p["const_names"]),
                     closed_over=p["closed_over"], max_forward_size=p["max_forward_size"],
                     reverse_ok=p["reverse_ok"])
+
+
+def _consts_refused_in_reverse(p: dict) -> bool:
+    """True when the vjp rule's policy refuses reverse-mode derivatives w.r.t. its
+    closed-over values (forward columns beyond ``max_forward_size``), which a jvp
+    rule's policy would give."""
+    nc = p["num_consts"]
+    if not nc:
+        return False
+    c_avals = list(region_to_closed_jaxpr(p["call_jaxpr"]).in_avals)[:nc]
+    size = sum(int(np.prod(a.shape)) for a in c_avals if is_inexact(a))
+    mode = p["closed_over"]
+    forward = mode == "forward" or (mode == "auto" and not p["reverse_ok"])
+    return forward and size > p["max_forward_size"]
 
 
 def _consts_need_forward_columns(p: dict, c_avals) -> bool:
@@ -331,3 +380,38 @@ def _closed(fn, avals, name):
     if consts:
         raise RuntimeError(f"vjp-to-jvp: {name} captured {len(consts)} constants")
     return jx.ClosedJaxpr(jaxpr, [])
+
+
+# ------------------------------------------------------ forward mode by default
+# jaxpr_cc.jit and Program calls give every custom_vjp a forward mode: they run
+# this pass (reverse-only rules refuse forward mode in one line; a rule the pass
+# cannot rewrite for any other reason stays the user's custom_vjp) on a copy of
+# the program they evaluate.  Reverse mode still runs the user's bwd: the
+# custom_jvp's tangent is a linear_call whose transpose is bwd.
+FORWARD_MODE_PIPELINE = "vjp-to-jvp{on-failure=keep}"
+
+
+def has_custom_vjp(program) -> bool:
+    """Does ``program`` (any region) contain a custom_vjp call?"""
+    return any(eqn.prim.name == "custom_vjp_call" for _, eqn in program.body.walk())
+
+
+def with_forward_mode(program):
+    """``program`` with forward mode through its custom_vjp rules: a rewritten
+    copy, or ``program`` itself when it has no custom_vjp call."""
+    if not has_custom_vjp(program):
+        return program
+    from .manager import run_passes
+    return run_passes(program, FORWARD_MODE_PIPELINE)
+
+
+def forward_mode_jaxpr(program):
+    """``with_forward_mode(program).to_jaxpr()``, kept on the program while its
+    equations are the same objects (a pass that changes it in place rebuilds)."""
+    stamp = tuple((id(eqn), id(eqn.params)) for _, eqn in program.body.walk())
+    kept = program.__dict__.get("_jaxpr_cc_forward_mode")
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    closed = with_forward_mode(program).to_jaxpr()
+    program.__dict__["_jaxpr_cc_forward_mode"] = (stamp, closed)
+    return closed
