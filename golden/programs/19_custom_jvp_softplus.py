@@ -27,13 +27,14 @@ def example_args():
 
 
 # The traced custom_jvp_call carries its rule as Regions: call_jaxpr and jvp_jaxpr.
-# The rule calls softplus again, so it is materialized three levels deep; the
-# fourth level keeps depth_limit=3 instead of a jvp_jaxpr.
+# Both call sites share one rule, so each region is a named function of the module,
+# and the jvp calls softplus again: the jvp function refers to itself (recursion is
+# a cycle, not a tower of copies).
 # RUN:
+# CHECK-LABEL: func @softplus(
+# CHECK:      func @softplus_jvp([[P:%[0-9]+]]:f32[9], {{%[0-9]+}}:f32[9])
+# CHECK-NEXT:   custom_jvp_call[call_jaxpr=@softplus, {{.*}}jvp_jaxpr=@softplus_jvp, {{.*}}name='softplus', num_consts=0{{.*}}] [[P]]
 # CHECK-LABEL: func @fun(%x:f32[9], %w:f32[])
 # CHECK:      [[Z:%[0-9]+]]:f32[9] = sub {{%[0-9]+}}, 1.0:f32[]
-# CHECK-NEXT: custom_jvp_call[{{.*}}depth_limit=None{{.*}}name='softplus', num_consts=0{{.*}}] [[Z]] {
-# CHECK-NEXT:   call_jaxpr({{%[0-9]+}}:f32[9]) {
-# CHECK:        jvp_jaxpr({{%[0-9]+}}:f32[9], {{%[0-9]+}}:f32[9]) {
-# CHECK:      custom_jvp_call[{{.*}}depth_limit=3{{.*}}name='softplus'
-# CHECK-NEXT:   call_jaxpr(
+# CHECK-NEXT: custom_jvp_call[call_jaxpr=@softplus, {{.*}}jvp_jaxpr=@softplus_jvp, {{.*}}] [[Z]]
+# CHECK:      custom_jvp_call[call_jaxpr=@softplus, {{.*}}] %x

@@ -40,7 +40,7 @@ def example_args():
 # RUN:
 # CHECK-LABEL: func @fun(%w:f32[4,3], %x:f32[2,4])
 # CHECK:      [[W4:%[0-9]+]]:f32[4,3] = mul[out_dtype=None] %w, 4.0:f32[]
-# CHECK-NEXT: custom_vjp_call[{{.*}}depth_limit=None{{.*}}name='ste_round', num_consts=0, num_res=0{{.*}}] [[W4]] {
+# CHECK-NEXT: custom_vjp_call[{{.*}}name='ste_round', num_consts=0, num_res=0{{.*}}] [[W4]] {
 # CHECK-NEXT:   call_jaxpr({{%[0-9]+}}:f32[4,3]) {
 # CHECK:        fwd_jaxpr({{%[0-9]+}}:f32[4,3]) {
 # CHECK:        bwd_jaxpr([[CT:%[0-9]+]]:f32[4,3]) {

@@ -27,14 +27,15 @@ def example_args():
     return (jnp.linspace(-1.0, 1.0, 6, dtype=jnp.float32), jnp.float32(1.5))
 
 
-# linear_call keeps the callee and its transpose as Regions; the closed-over weight
+# linear_call keeps the callee and its transpose as Regions (cumsum and flip are
+# jitted helpers both call, so they are named functions); the closed-over weight
 # vector is the residual operand (num_res=1) ahead of the linear input.
 # RUN:
 # CHECK-LABEL: func @fun(%x:f32[6], %w:f32[])
 # CHECK:      const [[R:%c[0-9]+]]:f32[6] = array<f32[6]:
 # CHECK:      [[LIN:%[0-9]+]]:f32[6] = mul[out_dtype=None] {{%[0-9]+}}, %w
-# CHECK-NEXT: linear_call[depth_limit=None, num_callee_consts=0, num_res=1] [[R]], [[LIN]] {
+# CHECK-NEXT: linear_call[num_callee_consts=0, num_res=1] [[R]], [[LIN]] {
 # CHECK-NEXT:   callee(
-# CHECK:          cumsum[axis=0, reverse=False]
+# CHECK:          jit[jaxpr=@cumsum, name='cumsum']
 # CHECK:        transpose_jaxpr(
-# CHECK:          rev[dimensions=(0,)]
+# CHECK:          jit[jaxpr=@_flip, name='_flip']

@@ -42,6 +42,6 @@ def example_args():
 # TRACE: remat2[{{.*}}policy=DotsSaveable{{.*}}] %params.b1, %params.w1, %params.w2, {{%[0-9]+}} {
 # RUN: dce
 # CHECK-LABEL: func @fun(%params.b1:f32[6], %params.w1:f32[4,6], %params.w2:f32[6,4], %x:f32[2,4])
-# CHECK:      remat2[{{.*}}policy=<fn nothing_saveable>{{.*}}] %params.b1, %params.w1, %params.w2, %x {
+# CHECK:      remat2[{{.*}}policy=<fn nothing_saveable>{{.*}}] %params.b1, %params.w1, %params.w2, %x
 # CHECK:      remat2[{{.*}}policy=DotsSaveable{{.*}}] %params.w1, %params.w2, {{%[0-9]+}} {
 # CHECK-NEXT:   jaxpr({{%[0-9]+}}:f32[4,6], {{%[0-9]+}}:f32[6,4], {{%[0-9]+}}:f32[2,4]) {

@@ -367,8 +367,6 @@ class _TransposeThunk:
     def swapped(self) -> "_TransposeThunk":
         """The thunk of the transposed call (callee and transpose exchanged)."""
         rule = self._jaxpr_cc_rule
-        if rule.transpose is None:
-            _truncated("linear_call transpose", rule.info, rule.depth_limit)
         return _TransposeThunk(LinearRule(info=rule.info, callee=rule.transpose,
                                           transpose=rule.callee, num_res=rule.num_res))
 

@@ -70,7 +70,7 @@ def function_names(entry: Region, entry_name: str) -> dict[int, str]:
             for key, idx, callee in eqn.regions():
                 if id(callee) in names or counts.get(id(callee), 0) < 2:
                     continue
-                base = _IDENT.sub("_", str(eqn.params.get("name") or key)) or "fn"
+                base = _IDENT.sub("_", _symbol_base(eqn, key, callee)) or "fn"
                 name, n = base, 1
                 while name in taken:
                     n += 1
@@ -78,6 +78,25 @@ def function_names(entry: Region, entry_name: str) -> dict[int, str]:
                 taken.add(name)
                 names[id(callee)] = name
     return names
+
+
+# Params that hold the function a call-like equation calls (its name is the call's);
+# any other region param is a part of it (a rule body, a loop body) named after both.
+_CALLEE_PARAMS = frozenset({"jaxpr", "call_jaxpr", "callee", "fun_jaxpr"})
+
+
+def _symbol_base(eqn, key: str, callee: Region) -> str:
+    name = eqn.params.get("name")
+    if not name:
+        # The Python function JAX traced it from, when it has a usable name.
+        dbg = callee.debug_info
+        traced = getattr(dbg, "func_name", None) if dbg is not None else None
+        if traced and traced.isidentifier():
+            return traced
+        return key
+    if key in _CALLEE_PARAMS:
+        return str(name)
+    return f"{name}_{key.removesuffix('_jaxpr')}"
 
 
 def functions(entry: Region, entry_name: str) -> dict[str, Region]:

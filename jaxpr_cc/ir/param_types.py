@@ -278,6 +278,11 @@ def key_default(v, keys) -> Any:
     return (type(v), v)
 
 
+def identity_key(v) -> "_Identity":
+    """A key equal only to the key of this very object."""
+    return _Identity(v)
+
+
 def _key_identity(v, keys):
     return _Identity(v)
 

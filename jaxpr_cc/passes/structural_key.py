@@ -106,7 +106,7 @@ class KeyMaker:
         if id(region) in self._open:
             # A region that calls itself (recursion through a custom rule): inside its
             # own key it stands for itself, so only calls of this very function match.
-            return ("recursive", _Identity(region))
+            return ("recursive", param_types.identity_key(region))
         self._open.add(id(region))
         try:
             return self._region_key(region)
