@@ -81,3 +81,36 @@ def test_clear_caches_forgets_programs():
     assert f.cache_size() == 0
     np.testing.assert_array_equal(f(jnp.ones(2)), jnp.ones(2) + 1)
     assert f.cache_size() == 1
+
+
+@pytest.mark.parametrize("convert", [jax.closure_convert, jaxpr_cc.closure_convert],
+                         ids=["jax", "jaxpr_cc"])
+def test_clear_caches_reconverts_closures(convert):
+    global SCALE
+    x = jnp.ones(3)
+    try:
+        SCALE = 1.0
+        g, consts = convert(_reads_global, x)
+        np.testing.assert_array_equal(g(x, *consts), x)
+        SCALE = 3.0
+        jax.clear_caches()
+        g, consts = convert(_reads_global, x)
+        np.testing.assert_array_equal(g(x, *consts), 3 * x)
+    finally:
+        SCALE = 1.0
+
+
+@pytest.mark.parametrize("spec", ["f32[99999999999999999999]", "f32[4294967296,4294967296]",
+                                  "f32[3], i32[0,9223372036854775808]"])
+def test_cli_args_refuses_shapes_beyond_int64(spec):
+    from jaxpr_cc.cli.errors import CliError
+    from jaxpr_cc.cli.loading import parse_args_spec
+    with pytest.raises(CliError, match=r"--args: argument \d '.*\]' has a dimension or element "
+                                       r"count above 2\*\*63-1"):
+        parse_args_spec(spec)
+
+
+def test_cli_args_accepts_the_largest_shape():
+    from jaxpr_cc.cli.loading import parse_args_spec
+    (spec,) = parse_args_spec("u8[9223372036854775807]")
+    assert spec.shape == (2**63 - 1,)
