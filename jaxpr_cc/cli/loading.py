@@ -43,8 +43,9 @@ def parse_args_spec(spec: str) -> tuple:
         # XLA counts dimensions and elements in int64: a larger shape traces (JAX
         # keeps Python ints) and only fails much later, when saved or lowered.
         if math.prod(dims) > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in dims):
-            raise CliError(f"--args: argument {i} {part.strip()!r} has a dimension or element count above "
-                           f"2**63-1 (XLA counts them in int64); give smaller dimensions")
+            raise CliError(f"--args: argument {i} {part.strip()!r} has a dimension or element "
+                           f"count above 2**63-1 (XLA counts them in int64); give smaller "
+                           f"dimensions")
         out.append(jax.ShapeDtypeStruct(dims, jnp.dtype(_DTYPES[m.group(1)])))
     return tuple(out)
 
