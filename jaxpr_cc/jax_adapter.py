@@ -976,3 +976,31 @@ def jaxpr_consts_as_inputs(jaxpr: Jaxpr) -> Jaxpr:
         dbg = dbg._replace(arg_names=(*[None] * len(jaxpr.constvars), *dbg.arg_names))
     return Jaxpr([], [*jaxpr.constvars, *jaxpr.invars], jaxpr.outvars, jaxpr.eqns,
                  jaxpr.effects, dbg)
+
+
+# ---------------------------------------------------------------------------
+# --- jaxpr_cc.jit inside shard_map, and jax.clear_caches (jit_function.py) ---
+def manual_axis_type_of(aval) -> Any:
+    """The varying/unreduced/reduced manual axes of ``aval`` (a value's type inside
+    ``shard_map`` with check_vma), as ``jax.ShapeDtypeStruct``'s
+    ``manual_axis_type`` takes them; None when it has none."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is None or mat.empty:
+        return None
+    return mat
+
+
+def on_clear_caches(clear: "Callable[[], None]") -> Any:
+    """Make ``jax.clear_caches()`` call ``clear``: JAX clears every cache registered
+    with its cache registry (held weakly), so the caller keeps the returned handle
+    alive as long as ``clear`` should be called."""
+    from jax._src import util as _util
+
+    class _ClearHook:
+        __slots__ = ("__weakref__",)
+
+        def cache_clear(self) -> None:
+            clear()
+    hook = _ClearHook()
+    _util.register_cache(hook, "jaxpr_cc.jit traced programs")
+    return hook

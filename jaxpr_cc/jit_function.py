@@ -34,7 +34,7 @@ from .backends import xla
 from .closure import session as _closure_session  # noqa: F401
 from .frontend.trace import innermost_function
 from .ir.program import Program
-from .jax_adapter import jit_resolved_argnums, trace_context
+from .jax_adapter import jit_resolved_argnums, manual_axis_type_of, on_clear_caches, trace_context
 
 __all__ = ["DEFAULT", "DEFAULT_PIPELINE", "JitFunction", "default_pipeline", "jit"]
 
@@ -116,6 +116,20 @@ def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT, forward_mode:
 #: traces ``f`` once.  Weak in ``fun``; a stand-in holds ``fun`` only weakly, so an
 #: entry lives as long as ``fun`` does and keeps nothing alive by itself.
 _SHARED: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+#: Every live state, so that ``jax.clear_caches()`` forgets their traced programs:
+#: jax.jit then retraces the stand-in, and the stand-in must retrace the function
+#: too (it may read globals that changed), not return the program traced before.
+_STATES: "weakref.WeakSet[JitFunction]" = weakref.WeakSet()
+
+
+def _clear_all_programs() -> None:
+    for state in list(_STATES):
+        state._cache.clear()
+    _SHARED.clear()
+
+
+_CLEAR_HOOK = on_clear_caches(_clear_all_programs)  # held: JAX holds it weakly
 
 
 class _Entry:
@@ -208,6 +222,7 @@ class JitFunction:
         self._donate_nums: tuple[int, ...] = ()
         self._resolved = False
         self._cache: dict = {}
+        _STATES.add(self)
 
     @classmethod
     def shared(cls, fun: Callable, pipeline: Any, jit_options: dict,
@@ -479,7 +494,11 @@ def _leaf_aval(x: Any, label: str):
 def _spec(aval) -> jax.ShapeDtypeStruct:
     # With sharding in types (jax.set_mesh, Explicit axes) the program is traced at
     # the same sharded types as jax.jit traces the function.
+    # Inside shard_map (check_vma) it is traced at the same varying manual axes,
+    # so its collectives and its mixing of varying and invariant values type-check
+    # as they do when jax.jit traces the function there.
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
+                                manual_axis_type=manual_axis_type_of(aval),
                                 **xla._typed_sharding(aval))
 
 

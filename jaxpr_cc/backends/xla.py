@@ -161,10 +161,28 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
         kw = {} if in_s is None else {"in_shardings": tuple(in_s), "out_shardings": tuple(out_s)}
         return jax.export.export(jax.jit(fun, **kw))(*specs)
 
+    unpinned = not jit_kwargs.get("in_shardings") and out_shardings is None
     return Executable(name=program.name, compiled=compiled, lowered=lowered,
                       in_tree=program.in_tree, out_tree=out_tree, params=program.params,
                       input_avals=avals, n_params=n_params,
-                      donated=tuple(sorted(donated)), exporter=export, program=program)
+                      donated=tuple(sorted(donated)), exporter=export, program=program,
+                      lower_on=(_lowerer_on_device(tree_fun, jit_kwargs, specs, compiler_options)
+                                if unpinned else None))
+
+
+def _lowerer_on_device(tree_fun, jit_kwargs: dict, specs: list,
+                       compiler_options: dict | None = None) -> Callable:
+    """For an executable compiled without shardings (XLA put it on the default
+    device): ``device -> (lowered, compiled)`` of the same function on ``device``.
+    jax.jit runs such a function where its committed arguments are; the
+    executable does too, compiling on first use of another device."""
+    def lower_on(device):
+        one = jax.sharding.SingleDeviceSharding(device)
+        kw = dict(jit_kwargs, in_shardings=(one,) * len(specs))
+        lowered = jax.jit(tree_fun, **kw).lower(*specs)
+        return lowered, (lowered.compile(compiler_options) if compiler_options
+                         else lowered.compile())
+    return lower_on
 
 
 _X64_ONLY = ("int64", "uint64", "float64", "complex128")
@@ -282,8 +300,13 @@ class Executable:
 
     def __init__(self, *, name: str, compiled, lowered, in_tree, out_tree, params: Sequence[Any],
                  input_avals: Sequence[Any], n_params: int, donated: tuple,
-                 exporter: Callable, program: Program | None = None, placed: bool = False):
+                 exporter: Callable, program: Program | None = None, placed: bool = False,
+                 lower_on: Callable | None = None):
         self.name = name
+        # Compiled without shardings: ``lower_on(device)`` compiles it for arguments
+        # committed to another single device; those executables by device.
+        self._lower_on = lower_on
+        self._on_device: dict = {}
         self.program = program
         self.in_tree = in_tree
         self.out_tree = out_tree
@@ -310,7 +333,39 @@ class Executable:
         # and executables gives the same rule and the same message.
         check_argument_types(self.name, leaves, self._arg_avals, (args, kwargs),
                              what="executable")
-        return self._fast(*leaves)
+        try:
+            return self._fast(*leaves)
+        except ValueError:
+            # XLA refuses arguments on a device it did not compile for before
+            # running anything: follow them there when no placement was asked for.
+            moved = self._moved_for(leaves)
+            if moved is None:
+                raise
+        return moved._fast(*leaves)
+
+    def _moved_for(self, leaves: list) -> "Executable | None":
+        """This executable on the one device all committed ``leaves`` are on, when it
+        was compiled without shardings and that device is not its own; else None."""
+        if self._lower_on is None:
+            return None
+        devices = {d for x in leaves
+                   if isinstance(x, jax.Array) and getattr(x, "committed", False)
+                   for d in x.sharding.device_set}
+        if len(devices) != 1:
+            return None
+        device = devices.pop()
+        if device in self.devices:
+            return None
+        moved = self._on_device.get(device)
+        if moved is None:
+            lowered, compiled = self._lower_on(device)
+            moved = Executable(name=self.name, compiled=compiled, lowered=lowered,
+                               in_tree=self.in_tree, out_tree=self.out_tree, params=self.params,
+                               input_avals=self._input_avals, n_params=self._n_params,
+                               donated=self._donated, exporter=self._exporter,
+                               program=self.program)
+            self._on_device[device] = moved
+        return moved
 
     @property
     def call_flat(self) -> Callable:
@@ -639,4 +694,6 @@ def load_executable(path: str) -> Executable:
                   f"JAX {jax.__version__}): {type(e).__name__}: {e}") from e
     return Executable(name=name, compiled=compiled, lowered=lowered, in_tree=in_tree,
                       out_tree=out_tree, params=params, input_avals=in_avals, n_params=n_params,
-                      donated=tuple(donated), exporter=lambda in_s, out_s: exported)
+                      donated=tuple(donated), exporter=lambda in_s, out_s: exported,
+                      lower_on=(_lowerer_on_device(tree_fun, jit_kwargs, _specs(in_avals))
+                                if layout is None else None))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import math
 import re
 import sys
 
@@ -25,6 +26,7 @@ _DTYPES = {
 }
 _SPEC = re.compile(r"^\s*([a-z0-9]+)\[([0-9,\s]*)\]\s*$")
 _ARG_KEY = re.compile(r"arg(0|[1-9][0-9]*)")
+_MAX_ELEMENTS = 2**63 - 1
 
 
 def parse_args_spec(spec: str) -> tuple:
@@ -38,6 +40,12 @@ def parse_args_spec(spec: str) -> tuple:
             raise CliError(f"--args: argument {i} {part.strip()!r} is not of the form DTYPE[DIMS] "
                            f"(DTYPE one of {', '.join(sorted(_DTYPES))}), e.g. 'f32[3,4]'")
         dims = tuple(int(d) for d in m.group(2).replace(" ", "").split(",") if d)
+        # XLA counts dimensions and elements in int64: a larger shape traces (JAX
+        # keeps Python ints) and only fails much later, when saved or lowered.
+        if math.prod(dims) > _MAX_ELEMENTS or any(d > _MAX_ELEMENTS for d in dims):
+            raise CliError(f"--args: argument {i} {part.strip()!r} has a dimension or element "
+                           f"count above 2**63-1 (XLA counts them in int64); give smaller "
+                           f"dimensions")
         out.append(jax.ShapeDtypeStruct(dims, jnp.dtype(_DTYPES[m.group(1)])))
     return tuple(out)
 

@@ -25,6 +25,9 @@ from .. import jax_adapter as jx
 
 HOIST_CHOICES = ("perturbed", "arrays")
 _cache: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+# jax.closure_convert's own cache is one jax.clear_caches() empties (the function
+# may read globals that changed since): so is this one.
+_CLEAR_HOOK = jx.on_clear_caches(_cache.clear)
 
 
 def closure_convert(fun: Callable, *example_args, hoist: str = "perturbed"):
