@@ -50,24 +50,50 @@ def _import_file(path: pathlib.Path, name: str):
 
 def canonical_ir(program) -> str:
     """The printed IR with inputs renamed by position and custom rules' source
-    locations removed: what must survive emission and re-tracing."""
-    lines = str(program).split("\n")
-    head = next(i for i, line in enumerate(lines) if line.startswith("func @"))
+    locations removed: what must survive emission and re-tracing.  Functions are
+    printed at each call site (only recursive ones by name): which call sites JAX
+    shares when it traces the emitted code again is its cache's business."""
+    from jaxpr_cc.ir.printer import print_program
+    lines = print_program(program, shared=False).split("\n")
+    head = next(i for i, line in enumerate(lines) if line.startswith(f"func @{program.name}("))
     names = re.findall(r"(%[^\s:,()]+):", lines[head])
     mapping = {n: f"%in{i}" for i, n in enumerate(names)}
     value = re.compile(r"%[A-Za-z0-9_.]+")
     text = "\n".join(value.sub(lambda m: mapping.get(m.group(0), m.group(0)), line)
                      for line in lines)
-    return re.sub(r"source='[^']*'", "source=<source>", text)
+    text = re.sub(r"source='[^']*'", "source=<source>", text)
+    return _merge_equal_functions(text)
+
+
+def _merge_equal_functions(text: str) -> str:
+    """Recursive functions with the same body printed once (a trace may materialize
+    one rule twice, identically), values renumbered in order of appearance."""
+    blocks = re.split(r"(?m)^(?=func @)", text)
+    names = [re.match(r"func @([A-Za-z0-9_]+)\(", b).group(1) if b.startswith("func @") else None
+             for b in blocks]
+    renumber = lambda t: re.sub(r"%(\d+)\b", lambda m, seen={}: "%v", t)  # noqa: E731
+    first: dict[str, str] = {}
+    alias: dict[str, str] = {}
+    for block, name in zip(blocks, names):
+        if name is None:
+            continue
+        shape = renumber(block.replace(f"@{name}", "@SELF").replace(f"@{name}(", "@SELF("))
+        alias[name] = first.setdefault(shape, name)
+    kept = [b for b, n in zip(blocks, names) if n is None or alias[n] == n]
+    merged = re.sub(r"@([A-Za-z0-9_]+)", lambda m: "@" + alias.get(m.group(1), m.group(1)),
+                    "".join(kept))
+    numbers: dict[str, str] = {}
+    return re.sub(r"%(\d+)\b", lambda m: numbers.setdefault(m.group(1), f"%{len(numbers)}"),
+                  merged)
 
 
 # Programs whose re-traced IR matches only outside the custom rules' own rules.
-# 42 is jax.grad of a loss using jax.nn.logsumexp: the rule of JAX's `logaddexp` is
-# materialized inside itself, and jaxpr_cc.trace cuts that recursion after
-# `rule_depth` levels counted from where the function is first met.  The emitted
-# module defines the function once and tracing it again counts the levels from a
-# different first call, so one site is materialized one level deeper than in the
-# original.  Values and gradients are unaffected (the fresh-process test checks them).
+# 42 is jax.grad of a loss using jax.nn.logsumexp: JAX's `logaddexp` jvp calls
+# `logaddexp`.  In the original the outer call already has the argument pattern of
+# the inner one, so the rule is one recursive function; the emitted module's outer
+# call differs in which arguments JAX can perturb, so it gets a rule of its own whose
+# body calls the recursive one.  Values and gradients are unaffected (the
+# fresh-process test checks them).
 RULE_DEPTH_ONLY = {"42_grad_program"}
 _RULE_BLOCK = re.compile(r"^(\s*)(jvp_jaxpr|fwd_jaxpr|bwd_jaxpr|transpose_jaxpr)\(")
 
@@ -85,10 +111,12 @@ def without_rule_bodies(text: str) -> str:
         if m:
             skip_indent = m.group(1)
             continue
-        kept.append(re.sub(r"depth_limit=\w+, ", "", line))
+        kept.append(re.sub(r"(jvp|fwd|bwd|transpose)_jaxpr=@\w+, ", "", line))
+    # Named rule functions (recursive rule bodies) go too.
+    text = re.sub(r"(?ms)^func @\w+_(jvp|fwd|bwd|transpose)\(.*?^}\n", "", "\n".join(kept))
     numbers: dict[str, str] = {}
     return re.sub(r"%(\d+)\b", lambda m: numbers.setdefault(m.group(1), f"%{len(numbers)}"),
-                  "\n".join(kept))
+                  text)
 
 
 def emit_corpus(out: pathlib.Path, prefix: str, prepare=lambda program: program) -> dict:

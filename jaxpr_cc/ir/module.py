@@ -55,14 +55,32 @@ def call_counts(entry: Region) -> dict[int, int]:
     return counts
 
 
-def function_names(entry: Region, entry_name: str) -> dict[int, str]:
+def recursive_regions(entry: Region) -> set[int]:
+    """Ids of the regions that (through some chain of calls) call themselves."""
+    import networkx as nx
+    graph = nx.DiGraph()
+    for region in entry.regions():
+        for eqn in region._order:
+            for _, _, callee in eqn.regions():
+                graph.add_edge(id(region), id(callee))
+    found: set[int] = set()
+    for component in nx.strongly_connected_components(graph):
+        if len(component) > 1 or any(graph.has_edge(n, n) for n in component):
+            found |= component
+    return found
+
+
+def function_names(entry: Region, entry_name: str, *, shared: bool = True) -> dict[int, str]:
     """Symbol names for the module's named functions, by region id.
 
     The entry is always named ``entry_name``; every other region called from more
-    than one site gets a name from its first call site (``jit``'s function name, or
-    the param that holds it), made unique with a numeric suffix.
+    than one site (with ``shared``; else only recursive ones) gets a name from its
+    first call site, made unique with a numeric suffix.
     """
     counts = call_counts(entry)
+    if not shared:
+        recursive = recursive_regions(entry)
+        counts = {rid: (2 if rid in recursive else 1) for rid in counts}
     names = {id(entry): entry_name}
     taken = {entry_name}
     for region in entry.regions():
@@ -86,17 +104,16 @@ _CALLEE_PARAMS = frozenset({"jaxpr", "call_jaxpr", "callee", "fun_jaxpr"})
 
 
 def _symbol_base(eqn, key: str, callee: Region) -> str:
+    """A call's name when it has one (``jit``'s function name, a custom rule's), else
+    the primitive and the param (``cond_branches``, ``while_body``).  Names come from
+    the program's structure only, so a program and its re-traced emitted Python agree."""
     name = eqn.params.get("name")
+    part = key.removesuffix("_jaxpr")
     if not name:
-        # The Python function JAX traced it from, when it has a usable name.
-        dbg = callee.debug_info
-        traced = getattr(dbg, "func_name", None) if dbg is not None else None
-        if traced and traced.isidentifier():
-            return traced
-        return key
+        return eqn.prim.name if key in _CALLEE_PARAMS else f"{eqn.prim.name}_{part}"
     if key in _CALLEE_PARAMS:
         return str(name)
-    return f"{name}_{key.removesuffix('_jaxpr')}"
+    return f"{name}_{part}"
 
 
 def functions(entry: Region, entry_name: str) -> dict[str, Region]:

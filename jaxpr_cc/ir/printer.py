@@ -164,11 +164,13 @@ class _Printer:
             self.emit(depth, "}")
 
 
-def print_region(region: Region, name: str = "region") -> str:
+def print_region(region: Region, name: str = "region", *, shared: bool = True) -> str:
     """The text of ``region`` as a module: its named functions (regions it calls
-    from more than one site, or recursively), each once, then ``region`` itself."""
+    from more than one site, or recursively), each once, then ``region`` itself.
+    ``shared=False`` prints every non-recursive function inline at each call site
+    (the same text whichever call sites JAX happened to share)."""
     from .module import function_names
-    names = function_names(region, name)
+    names = function_names(region, name, shared=shared)
     p = _Printer(names)
     for rid, fn_name in names.items():
         if rid != id(region):
@@ -184,11 +186,12 @@ def _find(entry: Region, rid: int) -> Region:
     raise KeyError(rid)
 
 
-def print_program(program) -> str:
+def print_program(program, *, shared: bool = True) -> str:
     header = [f"# in_tree: {program.in_tree}", f"# out_tree: {program.out_tree}"]
     if program.params:
         header.append(f"# bound params: {len(program.params)}")
-    return "\n".join(header) + "\n" + print_region(program.body, program.name)
+    return "\n".join(header) + "\n" + print_region(program.body, program.name,
+                                                     shared=shared)
 
 
 def _is_function(value: Any) -> bool:
