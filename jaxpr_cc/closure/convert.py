@@ -39,7 +39,7 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
         # its own (e.g. a jitted helper whose jaxpr JAX cached before this session):
         # repeat until none is left.  Rules traced in the session are first-order at
         # once (recursion included), so each round only meets rules JAX staged earlier.
-        done: set[int] = set()
+        done: dict[int, Any] = {}  # id -> the equation, kept alive so ids are not reused
         while True:
             pending = [(region, eqn) for region in program.body.regions()
                        for eqn in region.equations
@@ -48,10 +48,10 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
             if not pending:
                 break
             for region, eqn in pending:
-                if id(eqn) in done:
+                if done.get(id(eqn)) is eqn:
                     raise ClosureConversionError(
                         f"{eqn.prim.name}: converting its rule left it in JAX's form")
-                done.add(id(eqn))
+                done[id(eqn)] = eqn
                 _CONVERTERS[eqn.prim.name](region, eqn, closed_over, max_forward_size)
                 count += 1
     if stats is not None:

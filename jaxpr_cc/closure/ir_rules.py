@@ -42,11 +42,14 @@ def is_first_order_custom(name: str, params: dict) -> bool:
 
 
 def _info_params(info: RuleInfo) -> dict:
-    return {f: getattr(info, f) for f in _INFO_FIELDS}
+    out = {f: getattr(info, f) for f in _INFO_FIELDS}
+    if info.written_as is not None:  # a rule rewritten into another kind (vjp-to-jvp)
+        out["written_as"] = info.written_as
+    return out
 
 
 def _info_from(params: dict) -> RuleInfo:
-    return RuleInfo(**{f: params[f] for f in _INFO_FIELDS})
+    return RuleInfo(**{f: params[f] for f in _INFO_FIELDS}, written_as=params.get("written_as"))
 
 
 # ------------------------------------------------------------------ import

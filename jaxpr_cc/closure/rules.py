@@ -73,6 +73,10 @@ class RuleInfo:
     closed_over: str = "auto"          # policy for derivatives w.r.t. closed-over values
     max_forward_size: int = 4096       # forward policy: max total elements of those values
     reverse_ok: bool = True            # the primal has no while_loop outside custom rules
+    # The kind of custom function the user wrote, when the rule was rewritten into
+    # another kind (vjp-to-jvp): errors name the user's.  Not saved: it is set again
+    # whenever the rewrite runs.
+    written_as: str | None = None
 
     def describe_const(self, i: int, aval) -> str:
         name = self.const_names[i] if i < len(self.const_names) else f"const{i}"
@@ -97,13 +101,13 @@ class RuleInfo:
                 mode = "error"
         if mode == "forward" and kind == "vjp" and size > self.max_forward_size:
             raise ClosedOverError(
-                f"{kind} rule '{self.name}' ({self.source}) closes over "
+                f"{self.written_as or kind} rule '{self.name}' ({self.source}) closes over "
                 f"{self.describe_const(hot[0], const_avals[hot[0]])}, which is being differentiated; "
                 f"forward mode would need {size} jvp columns > max_forward_size={self.max_forward_size}: "
                 f"raise max_forward_size or use closed_over='reverse'")
         if mode == "error":
             raise ClosedOverError(
-                f"custom_{kind} rule '{self.name}' ({self.source}) closes over "
+                f"custom_{self.written_as or kind} rule '{self.name}' ({self.source}) closes over "
                 f"{self.describe_const(hot[0], const_avals[hot[0]])}, which is being differentiated, "
                 f"and its rule gives no derivative for it: pass it as an argument, or trace with "
                 f"closed_over='auto' (or 'reverse' / 'forward')")
@@ -367,7 +371,7 @@ class _TransposeThunk:
     def swapped(self) -> "_TransposeThunk":
         """The thunk of the transposed call (callee and transpose exchanged)."""
         rule = self._jaxpr_cc_rule
-        return _TransposeThunk(LinearRule(info=rule.info, callee=rule.transpose,
+        return _TransposeThunk(LinearRule(info=rule.info, callee=body(rule.transpose),
                                           transpose=rule.callee, num_res=rule.num_res))
 
 

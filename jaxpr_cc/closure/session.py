@@ -120,6 +120,7 @@ class TraceSession:
         if hit is None:
             family = (kind, id(custom), in_tree, avals, perturbed)
             relatives = [p for p in self.in_progress.values() if p.family == family]
+            unfolded = sum(1 for p in self.in_progress.values() if p.family[1] == id(custom))
             refuse = None
             if relatives:
                 # The same custom function, called from inside its own rules with other
@@ -133,11 +134,11 @@ class TraceSession:
                     if relative.structure == shape and relative.accepts_relatives:
                         return tree_util.tree_unflatten(
                             out_tree, relative.call_relative(p_jaxpr, p_consts, flat))
-                if len(relatives) >= _MAX_UNFOLDING:
-                    refuse = (f"the rules of '{naming.name_of(custom.fun)}' call it again "
-                              f"{_MAX_UNFOLDING} levels deep with closed-over values that change "
-                              f"at every level and a different structure, so its derivative "
-                              f"rules were not materialized to this order")
+            if refuse is None and unfolded >= _MAX_UNFOLDING:
+                refuse = (f"the rules of '{naming.name_of(custom.fun)}' call it again "
+                          f"{_MAX_UNFOLDING} levels deep with arguments or closed-over values of "
+                          f"another structure at every level, so its derivative rules were not "
+                          f"materialized to this order")
             hit = materialize(custom, static, nondiff, in_tree, avals, len(args), perturbed,
                               key if seen is not None else None, refuse)
             if seen is not None and refuse is None:
@@ -427,10 +428,13 @@ class TraceSession:
 
 
 _MAX_LINEAR_NESTING = 32
-# Calls of one custom function nested in its own rules, each with a primal of another
-# structure, beyond which further levels are not materialized (differentiating to that
-# order raises, naming the function).
-_MAX_UNFOLDING = 8
+# Calls of one custom function nested in its own rules, each of another structure (the
+# JAX docs' fixed_point packs its residuals into a deeper tuple at every level), beyond
+# which further levels are not materialized: differentiating to that order raises,
+# naming the function.  Each level traces the next twice when it also recurses on
+# itself, so the bound keeps tracing cheap.
+_MAX_UNFOLDING = 4
+_MATCH_RELATIVES = True  # calls of the same structure at other values are recursion
 _SETTLE_ROUNDS = 8  # a recursive rule's closed-over values settle in one or two rounds
 
 
@@ -457,7 +461,7 @@ class _Pending:
         self.family, self.structure = family, structure
         self.recursive = False
         self.relative_hits = False  # called at other closed-over values (same structure)
-        self.accepts_relatives = True
+        self.accepts_relatives = _MATCH_RELATIVES
         self.provisional = None  # consts -> the rule's function, with lazy bodies
         self.consts: list | None = None
         self.g = None

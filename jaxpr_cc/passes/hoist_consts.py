@@ -33,6 +33,7 @@ from ..ir.region import Region
 from ..ir.value import Value, is_literal
 from ..jax_adapter import UNSPECIFIED_SHARDING, is_input_effect
 from .base import Pass, PassContext, register_pass
+from ..ir.module import recursive_regions
 from .sharing import RegionOwnership
 from .signature import append_input, binder_uses, has_regions, insert_input
 
@@ -63,6 +64,7 @@ class _Hoister:
         self.ctx = ctx
         self.new_params: list[Any] = []
         self.owner = RegionOwnership(program.body)
+        self.recursive = recursive_regions(program.body)
         self._needs: dict[int, bool] = {}
         self._alive: list[Region] = []
         # (dtype, shape, weak_type) -> [(array, body input)], for deduplication
@@ -112,6 +114,10 @@ class _Hoister:
                 continue
             subs = list(eqn.regions())
             rule = thread_rule_for(eqn)
+            if rule is not None and any(id(sub) in self.recursive for _, _, sub in subs):
+                # Threading a new operand into a function that calls itself would have
+                # to thread it through its own inner calls as well: left in place.
+                rule = None
             if rule is None:
                 left = sum(self._count_nested(sub) for _, _, sub in subs)
                 if left:

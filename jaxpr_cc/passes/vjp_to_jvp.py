@@ -231,6 +231,7 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
                   num_consts=0 if consts_linear else nc,
                   symbolic_zeros=p["symbolic_zeros"])
     params.update({f: p[f] for f in _INFO_FIELDS})
+    params["written_as"] = "vjp"  # errors name the custom_vjp the user wrote
     if consts_linear:
         params["const_names"] = ()  # the closed-over values are ordinary inputs now
     return params
@@ -253,7 +254,7 @@ def _refusing_tangent_map(bwd, nc: int, nr: int, why: str):
 def _info(p: dict) -> RuleInfo:
     return RuleInfo(name=p["name"], source=p["source"], const_names=tuple(p["const_names"]),
                     closed_over=p["closed_over"], max_forward_size=p["max_forward_size"],
-                    reverse_ok=p["reverse_ok"])
+                    reverse_ok=p["reverse_ok"], written_as="vjp")
 
 
 def _consts_refused_in_reverse(p: dict) -> bool:
