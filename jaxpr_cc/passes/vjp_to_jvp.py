@@ -403,7 +403,10 @@ def with_forward_mode(program):
     if not has_custom_vjp(program):
         return program
     from .manager import run_passes
-    return run_passes(program, FORWARD_MODE_PIPELINE)
+    # A rewrite builds jvp bodies from fwd and bwd bodies; those of a recursive rule
+    # hold calls the run has already passed, so a second run rewrites those.
+    once = run_passes(program, FORWARD_MODE_PIPELINE)
+    return run_passes(once, FORWARD_MODE_PIPELINE) if has_custom_vjp(once) else once
 
 
 def forward_mode_jaxpr(program):
