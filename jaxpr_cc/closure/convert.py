@@ -40,7 +40,10 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
         # repeat until none is left.  Rules traced in the session are first-order at
         # once (recursion included), so each round only meets rules JAX staged earlier.
         done: dict[int, Any] = {}  # id -> the equation, kept alive so ids are not reused
-        while True:
+        # A JAX-staged rule whose conversion stages another in JAX's form (a library
+        # re-binding its rules at every level) would go on forever: after a few rounds
+        # what is left keeps JAX's form, as the program's own rules would under JAX.
+        for _ in range(_MAX_ROUNDS):
             pending = [(region, eqn) for region in program.body.regions()
                        for eqn in region.equations
                        if eqn.prim.name in FIRST_ORDER_KEYS
@@ -57,6 +60,9 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
     if stats is not None:
         stats["rules-materialized"] = stats.get("rules-materialized", 0) + count
     return program
+
+
+_MAX_ROUNDS = 5
 
 
 def _fail(kind: str, fn: Any, err: Exception) -> ClosureConversionError:
