@@ -29,6 +29,8 @@ Primitive = _core.Primitive
 ShapedArray = _core.ShapedArray
 AbstractValue = _core.AbstractValue
 JaxprTypeError = _core.JaxprTypeError
+# JAX's wrapper of a Python function (staged custom-rule callables are these).
+WrappedFun = _lu.WrappedFun
 DebugInfo = _lu.DebugInfo
 no_effects = _core.no_effects
 
@@ -448,17 +450,18 @@ def named_sharding_from_hlo(sharding, mesh):
         return None
 
 
-def find_tagged_function(staged, attr: str, depth: int = 32):
+def find_tagged_function(staged, attr: str, budget: int = 100_000):
     """The function carrying attribute ``attr`` inside a staged custom-rule callable.
 
     JAX stages a ``custom_jvp`` rule as a memoized thunk (``jvp_jaxpr_fun``) whose
     closure holds the ``WrappedFun`` of the user's rule, so the rule is a few closure
     cells away rather than at ``.f``; every re-binding of the equation (``eval_jaxpr``,
-    DCE, transposition) wraps it in another thunk.  Searched breadth-first through
-    ``.f`` and closure cells, at most ``depth`` levels.
+    DCE, transposition, each pass that re-traces a body) wraps it in another thunk, so
+    the depth grows with the pipeline.  Searched breadth-first through ``.f`` and
+    closure cells, each object once, at most ``budget`` objects.
     """
     frontier, seen = [staged], set()
-    for _ in range(depth):
+    while frontier and len(seen) < budget:
         nxt = []
         for obj in frontier:
             if obj is None or id(obj) in seen:

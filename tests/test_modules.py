@@ -160,3 +160,49 @@ def test_every_pass_and_round_trip_keeps_a_recursive_program(pass_name, name, tm
     jaxpr_cc.save(program, path)
     for got, w in zip(_derivatives(jaxpr_cc.load(path), x, 2), want):
         _close(got, w, rtol=1e-4)
+
+
+# A custom_jvp whose jvp calls itself (optimistix's ``_asarray``), under jacfwd of a
+# function JAX closure-converted: JAX re-stages the vmapped rule in its own form at
+# every level; converting it must find the inner call to be the rule being converted.
+@jax.custom_jvp
+def same(x):
+    return x * 1.0
+
+
+@same.defjvp
+def _same_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return same(x), same(t)
+
+
+def jacobian_of_converted(a):
+    g = lambda y: jnp.tanh(same(y)) * a - y  # noqa: E731
+    y0 = jnp.linspace(0.1, 0.9, 3, dtype=jnp.float32) * a
+    converted, consts = jax.closure_convert(g, y0)
+    return jax.jacfwd(lambda y: converted(y, *consts))(y0)
+
+
+def test_a_rule_jax_restages_at_every_level_is_converted_as_recursion(tmp_path):
+    a = jnp.float32(0.7)
+    program = jaxpr_cc.run_passes(jaxpr_cc.trace(jacobian_of_converted, a),
+                                  "closure-convert,hoist-consts,cse,dce")
+    text = str(program)
+    assert "jvp_jaxpr_fun" not in text  # every rule first-order
+    path = tmp_path / "jac.jcc"
+    jaxpr_cc.save(program, path)
+    loaded = jaxpr_cc.load(path)
+    module_path = tmp_path / "emitted_jac.py"
+    jaxpr_cc.write_python(program, module_path)
+    spec = importlib.util.spec_from_file_location("emitted_jac", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    emitted = getattr(module, program.name)
+    def total(f):
+        return lambda a: jnp.sum(f(a))
+
+    want = _derivatives(total(jacobian_of_converted), a, 2)
+    _close(program(a), jacobian_of_converted(a))
+    for candidate in (program, loaded, emitted):
+        for got, w in zip(_derivatives(total(candidate), a, 2), want):
+            _close(got, w, rtol=1e-4)

@@ -260,7 +260,7 @@ def test_printed_params_and_cse_keys_survive_save_and_load(name, traced, tmp_pat
     loaded program prints byte for byte as the original, and each of its equations
     has the CSE key of the original's."""
     from jaxpr_cc.ir.printer import format_param, print_program
-    from jaxpr_cc.passes.structural_key import KeyMaker
+    from jaxpr_cc.ir.structural_key import KeyMaker
     program = traced[name]
     path = tmp_path / f"{name}.jcc"
     jaxpr_cc.save(program, path)

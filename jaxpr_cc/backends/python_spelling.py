@@ -364,7 +364,8 @@ def _spell_shape_dtype_struct(value, sp) -> str:
 def _register_spellings() -> None:
     from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-    from ..jax_adapter import ExtendedDType, TypedComplex, TypedFloat, TypedInt, prng_impl_type
+    from ..jax_adapter import (ExtendedDType, TypedComplex, TypedFloat, TypedInt, WrappedFun,
+                               prng_impl_type)
     spell = param_types.extend
     spell((type(None), bool, str), spell=_spell_repr)
     spell((int, float, complex, TypedInt, TypedFloat, TypedComplex), spell=_spell_number)
@@ -409,6 +410,8 @@ def _register_spellings() -> None:
         spell(t, cannot_spell=by_rule)
     spell((types.MethodType, types.BuiltinFunctionType),
           cannot_spell="a Python callable is code; rules that take one import it by name")
+    spell(WrappedFun, cannot_spell="a custom rule JAX staged is code: run the closure-convert "
+                                   "pass to make it first-order")
     spell(param_types.NAMEDTUPLE, cannot_spell="a named tuple JAX does not export")
 
 

@@ -21,6 +21,7 @@ from ..backends.jaxpr import region_to_closed_jaxpr
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
 from ..ir.equation import Equation
 from ..ir.region import Region
+from ..ir.structural_key import KeyMaker
 from ..ir.value import Value
 from . import naming
 from .errors import ClosureConversionError
@@ -40,9 +41,14 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
         # repeat until none is left.  Rules traced in the session are first-order at
         # once (recursion included), so each round only meets rules JAX staged earlier.
         done: dict[int, Any] = {}  # id -> the equation, kept alive so ids are not reused
-        # A JAX-staged rule whose conversion stages another in JAX's form (a library
-        # re-binding its rules at every level) would go on forever: after a few rounds
-        # what is left keeps JAX's form, as the program's own rules would under JAX.
+        # A rule JAX staged from one of ours by a transformation (vmap of a custom_jvp
+        # whose jvp calls itself, as optimistix's ``_asarray``) stages the same
+        # transformed rule again inside its converted body: that inner equation is a
+        # call of the rule being converted (recursion), found by its key.
+        keys, converted = KeyMaker(), {}
+        # Anything else that stages a JAX-form rule at every level (a library's own
+        # re-binding) would go on forever: after a few rounds what is left keeps JAX's
+        # form, as the program's own rules would under JAX.
         for _ in range(_MAX_ROUNDS):
             pending = [(region, eqn) for region in program.body.regions()
                        for eqn in region.equations
@@ -55,7 +61,15 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
                     raise ClosureConversionError(
                         f"{eqn.prim.name}: converting its rule left it in JAX's form")
                 done[id(eqn)] = eqn
-                _CONVERTERS[eqn.prim.name](region, eqn, closed_over, max_forward_size)
+                key = _recursion_key(eqn, keys)
+                known = converted.get(key) if key is not None else None
+                if known is not None:
+                    _call_converted(region, eqn, *known)
+                else:
+                    made = _CONVERTERS[eqn.prim.name](region, eqn, closed_over,
+                                                      max_forward_size)
+                    if key is not None and made is not None:
+                        converted[key] = made
                 count += 1
     if stats is not None:
         stats["rules-materialized"] = stats.get("rules-materialized", 0) + count
@@ -63,6 +77,34 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
 
 
 _MAX_ROUNDS = 5
+# The staged rule callable of each JAX-form custom equation.
+_RULE_CALLABLE = {"custom_jvp_call": "jvp_jaxpr_fun", "custom_vjp_call": "bwd"}
+
+
+def _recursion_key(eqn: Equation, keys: KeyMaker):
+    """Equal for two JAX-form equations staged from the same rule of ours by the same
+    transformation: same rule, primal body, operand types and flags.  None for rules
+    that are not ours (their callables may close over other values)."""
+    name = eqn.prim.name
+    attr = _RULE_CALLABLE.get(name)
+    if attr is None:
+        return None
+    p = eqn.params
+    root = jx.find_tagged_function(p[attr], "_jaxpr_cc_rule")
+    if root is None:
+        return None
+    return (name, root._jaxpr_cc_rule, keys.region(p["call_jaxpr"]),
+            tuple(a.aval for a in eqn.inputs), tuple(v.aval for v in eqn.outputs),
+            p["num_consts"], bool(p.get("symbolic_zeros", False)))
+
+
+def _call_converted(region: Region, eqn: Equation, params: dict, extra: list) -> None:
+    """``eqn`` becomes a call of an equation already converted (its params: shared
+    regions), with the values that conversion closed over as constants here."""
+    nc = eqn.params["num_consts"]
+    ops = list(eqn.inputs)
+    _replace_equation(region, eqn, ops[:nc] + _new_consts(region, eqn, extra) + ops[nc:],
+                      params)
 
 
 def _fail(kind: str, fn: Any, err: Exception) -> ClosureConversionError:
@@ -147,8 +189,8 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
                          res_avals + [a for a, o in zip(ct_avals, out_avals) if is_inexact(o)],
                          "custom_vjp bwd")
     _check_concrete("vjp", bwd_fn, f_c + b_c)
-    _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, list(fwd_consts),
-                f_j, f_c, b_j, b_c, len(res_avals), bwd_fn)
+    return _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region,
+                       list(fwd_consts), f_j, f_c, b_j, b_c, len(res_avals), bwd_fn)
 
 
 def _consts_first(jaxpr):
@@ -168,7 +210,6 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, fwd
     new_vals = _new_consts(region, eqn, extra)
     n_new = len(extra)
     call = region_to_closed_jaxpr(call_region)
-    c_avals = [a.aval for a in jax_consts] + [jx.typeof(v) for v in extra]
     # call: (jax_consts, args) -> y      ==> (jax_consts, extra, args) -> y
     call_j = _insert_inputs(call.jaxpr, nc, [jx.typeof(v) for v in extra])
     # fwd: (fwd_consts, f_c, args) -> (y, r)    ==> (jax_consts, extra, args)
@@ -196,7 +237,7 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, fwd
         "reverse_ok": info.reverse_ok,
     }
     _replace_equation(region, eqn, jax_consts + new_vals + args, params)
-    del c_avals
+    return params, extra
 
 
 def _rebase(jaxpr, lead_values, jax_consts, extra, *, lead: int):
@@ -274,6 +315,7 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
         "reverse_ok": not _has_while(call_j),
     }
     _replace_equation(region, eqn, jax_consts + new_vals + args, params)
+    return params, extra
 
 
 def _call_jvp_thunk(jvp_fun, nonzeros):

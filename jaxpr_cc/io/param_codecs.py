@@ -31,7 +31,7 @@ from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Ja
                            ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
                            UNSPECIFIED, array_copy_semantics_type, dots_saveable_type,
                            linear_solve_tuple_type, param_enum_types, prng_impl_by_name,
-                           prng_impl_type)
+                           prng_impl_type, WrappedFun)
 from . import dtypes, effects, primitives, pytrees, shardings
 from .errors import FormatError, SaveError
 
@@ -658,6 +658,8 @@ def _build_table() -> None:
     param_types.extend((types.FunctionType, types.MethodType, types.BuiltinFunctionType),
                        cannot_save="a Python callable is code, not data (only JAX's named "
                                    "checkpoint policies are saved, by name)")
+    param_types.extend(WrappedFun, cannot_save="a custom rule JAX staged is code: run the "
+                                               "closure-convert pass to make it first-order")
     register(jax.sharding.Mesh, "mesh", *_wrap(shardings.encode_mesh, shardings.decode_mesh))
     register(jax.sharding.AbstractMesh, "abstract_mesh",
              *_wrap(shardings.encode_abstract_mesh, shardings.decode_abstract_mesh))

@@ -12,7 +12,7 @@ the caller's recursion object:
   ``sp.dtype_objects`` asks for ``np.dtype(...)`` objects (``backends.python_spelling``);
 * ``key(value, keys)`` -> a hashable key equal only for interchangeable values;
   ``keys.value(x)``, ``keys.array(x)`` and ``keys.region(r)`` key nested values
-  (``passes.structural_key``).
+  (``ir.structural_key``).
 
 This module defines the entries with their printing and keying (both need only the
 IR); the file format and the Python backend add their aspects to the same entries
@@ -157,8 +157,6 @@ def _own_entry(t: type) -> ParamType:
         hit = _TABLE.get(base)
         if hit is not None:
             return hit
-    if t.__name__ == "WrappedFun":  # lu.WrappedFun: JAX's wrapper of a Python function
-        return _TABLE[functools.partial]
     if hasattr(t, "dtype") and t.__name__.endswith("DType"):
         return _TABLE[DTYPE_LIKE]
     return _TABLE[DEFAULT]
@@ -326,7 +324,7 @@ DTYPE_LIKE = type("dtype_like", (), {})
 def _build() -> None:
     import jax
 
-    from ..jax_adapter import (ExtendedDType, TypedComplex, TypedFloat, TypedInt,
+    from ..jax_adapter import (ExtendedDType, TypedComplex, TypedFloat, TypedInt, WrappedFun,
                                dots_saveable_type)
     define(DEFAULT, "default", print=print_default, key=key_default)
     define(type(None), "None", print=_print_repr, key=lambda v, k: v)
@@ -355,8 +353,8 @@ def _build() -> None:
            key=_key_record(tuple(f.name for f in dataclasses.fields(dots))))
     define(jax.lax.Tolerance, "Tolerance", print=print_default,
            key=_key_record(("atol", "rtol", "ulps")))
-    define((types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial),
-           "python callable", print=_print_callable, key=_key_identity)
+    define((types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial,
+            WrappedFun), "python callable", print=_print_callable, key=_key_identity)
 
 
 _build()

@@ -54,7 +54,7 @@ from .base import Pass, PassContext, register_pass
 from .effects import CALLBACK_PRIMITIVES, RANDOM_PRIMITIVES
 from .sharing import RegionOwnership
 from .signature import has_regions, set_inputs
-from .structural_key import KeyMaker
+from ..ir.structural_key import KeyMaker
 
 # --------------------------------------------------------------------------- constants
 _USABLE_DTYPES: dict[Any, bool] = {}

@@ -21,7 +21,7 @@ from ..ir.value import Value
 from .base import Pass, PassContext, register_pass
 from .effects import CALLBACK_PRIMITIVES, RANDOM_PRIMITIVES, EffectOracle
 from .signature import merge_into
-from .structural_key import KeyMaker
+from ..ir.structural_key import KeyMaker
 
 
 @register_pass("cse")

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import param_types
-from ..ir.arrays import to_numpy
-from ..ir.region import Region
-from ..ir.value import Value, is_literal
+from . import param_types
+from .arrays import to_numpy
+from .region import Region
+from .value import Value, is_literal
 
 
 _PLAIN = (type(None), str, int)
