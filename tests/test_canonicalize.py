@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxpr_cc
-from jaxpr_cc.corpus import load_corpus
+from jaxpr_cc.golden.corpus import load_corpus
 from jaxpr_cc.passes.manager import PassManager
 
 from jaxref import assert_trees_equal, batch_args, batch_in_axes, scalarize, tangents_like

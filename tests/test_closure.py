@@ -9,7 +9,7 @@ import pytest
 
 import jaxpr_cc
 from jaxpr_cc.examples import fixed_point as fp
-from jaxpr_cc.closure.convert import convert_program
+from jaxpr_cc.frontend.staged_rules import convert_program
 from zoo import closures as zc
 
 

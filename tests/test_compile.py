@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxpr_cc
 from jaxpr_cc.backends import xla, xla_archive
-from jaxpr_cc.corpus import load_corpus
+from jaxpr_cc.golden.corpus import load_corpus
 from jaxref import assert_trees_equal
 
 CORPUS = load_corpus()

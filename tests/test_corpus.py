@@ -22,8 +22,8 @@ import pytest
 
 import jaxref
 import jaxpr_cc.passes  # noqa: F401  (registers the linear_call batching rule: SUPPORTS assumes it)
-from jaxpr_cc import corpus
-from jaxpr_cc.corpus import CorpusError, TAG_VOCABULARY
+from jaxpr_cc.golden import corpus
+from jaxpr_cc.golden.corpus import CorpusError, TAG_VOCABULARY
 
 PROGRAMS = corpus.load_corpus()
 IDS = [p.name for p in PROGRAMS]

@@ -29,7 +29,7 @@ import pytest
 
 import jaxpr_cc
 from jaxpr_cc.backends.python_source import PythonEmitError, emit_python_module
-from jaxpr_cc.corpus import load_corpus
+from jaxpr_cc.golden.corpus import load_corpus
 
 CORPUS = load_corpus()
 TESTS_DIR = pathlib.Path(__file__).resolve().parent
@@ -176,7 +176,7 @@ _WORKER = textwrap.dedent('''
     leaked = sorted(m for m in sys.modules if m == "jaxpr_cc" or m.startswith("jaxpr_cc."))
     sys.path.insert(0, sys.argv[2])
     from jaxref import assert_trees_equal, scalarize
-    from jaxpr_cc.corpus import load_corpus
+    from jaxpr_cc.golden.corpus import load_corpus
     grad_all = sys.argv[3] == "all"
     # Optimized programs may round differently (another association, fusion): they
     # are compared within a tolerance, emitted-as-traced ones bit for bit.

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from jaxpr_cc.cli.main import main as cli_main
-from jaxpr_cc.corpus import corpus_dir, load_program
+from jaxpr_cc.golden.corpus import corpus_dir, load_program
 from jaxpr_cc.golden import store
 from jaxpr_cc.golden.numerics import (HEADER, RTOL, compare_numerics, format_leaves,
                                       format_value, parse_numerics)

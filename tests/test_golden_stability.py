@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from jaxpr_cc.corpus import corpus_dir
+from jaxpr_cc.golden.corpus import corpus_dir
 from jaxpr_cc.golden import store
 from jaxpr_cc.golden.runner import select_programs
 from jaxpr_cc.golden.views import view_problems

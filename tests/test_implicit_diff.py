@@ -13,7 +13,7 @@ import pytest
 from jax import lax
 
 import jaxpr_cc
-from jaxpr_cc.corpus import load_corpus
+from jaxpr_cc.golden.corpus import load_corpus
 from jaxpr_cc.passes.manager import PassManager, run_passes
 
 from jaxref import assert_trees_equal

@@ -32,7 +32,7 @@ import pytest
 
 import jaxpr_cc
 from jaxpr_cc import io as jio
-from jaxpr_cc.corpus import load_corpus
+from jaxpr_cc.golden.corpus import load_corpus
 from jaxpr_cc.io import param_codecs
 from jaxpr_cc.ir.region import Region
 from jaxref import assert_trees_equal, reference_results

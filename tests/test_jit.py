@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxpr_cc
-from jaxpr_cc.corpus import load_corpus
+from jaxpr_cc.golden.corpus import load_corpus
 from jaxpr_cc.examples import fixed_point
 from jaxpr_cc.jit_function import DEFAULT_PIPELINE, default_pipeline
 from jaxref import assert_trees_equal, reference_results

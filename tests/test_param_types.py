@@ -23,7 +23,7 @@ import pytest
 import jaxpr_cc
 from jaxpr_cc import jax_adapter as jx
 from jaxpr_cc.backends.python_spelling import SpellingError, param_source
-from jaxpr_cc.corpus import load_corpus
+from jaxpr_cc.golden.corpus import load_corpus
 from jaxpr_cc.io.param_codecs import codec_for
 from jaxpr_cc.ir.region import Region
 from param_type_programs import PROGRAMS

@@ -17,7 +17,7 @@ import jax
 import pytest
 
 import jaxpr_cc
-from jaxpr_cc.corpus import load_corpus
+from jaxpr_cc.golden.corpus import load_corpus
 from jaxpr_cc.jax_adapter import dce_jaxpr
 from jaxpr_cc.passes.manager import PassManager
 

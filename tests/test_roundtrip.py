@@ -13,7 +13,7 @@ import pytest
 
 import jaxpr_cc
 from jaxpr_cc import jax_adapter as jx
-from jaxpr_cc.corpus import load_corpus
+from jaxpr_cc.golden.corpus import load_corpus
 from jaxpr_cc.ir.verifier import first_order_violations
 from jaxref import assert_trees_equal, reference_results
 

@@ -150,7 +150,7 @@ def scale(n: int, optimize_jaxpr, make=straight_line, label="straight-line progr
 
 # --------------------------------------------------------------------------- 2. corpus
 def corpus(optimize_jaxpr) -> None:
-    from jaxpr_cc.corpus import load_corpus
+    from jaxpr_cc.golden.corpus import load_corpus
     rows = []
     t_ours_total = t_bs_total = 0.0
     for prog in load_corpus(skip_unavailable=True):

@@ -32,8 +32,8 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
         raise TypeError(
             "jaxpr_cc.trace: rule_depth was removed; recursion through custom rules is "
             "finite now (any derivative order works): drop the argument")
-    from ..closure.convert import convert_program
     from ..closure.session import session
+    from .staged_rules import convert_program
 
     # A fresh function per trace (JAX caches traces by function, and this trace runs
     # in a closure session), carrying ``fun``'s name, signature and source location

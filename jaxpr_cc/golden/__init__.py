@@ -8,6 +8,7 @@
 * :mod:`.numerics` -- exact text for values and gradients, compared with
   dtype-aware tolerances;
 * :mod:`.store` -- golden files on disk, atomic writes, stale and missing files;
+* :mod:`.corpus` -- the program corpus (``golden/programs/NN_name.py``) and its contract;
 * :mod:`.runner` -- check / update over a directory of programs
   (``jaxpr-cc golden check|update``);
 * :mod:`.pytest_plugin` -- the ``golden`` fixture and ``pytest --update-goldens``.

@@ -1,6 +1,6 @@
 """Checking and updating the goldens of a directory of programs.
 
-A program file follows the corpus contract (:mod:`jaxpr_cc.corpus`): ``fun``,
+A program file follows the corpus contract (:mod:`jaxpr_cc.golden.corpus`): ``fun``,
 ``example_args()``, optionally ``example_kwargs()`` (held fixed: the program is
 traced as ``fun(*args, **kwargs)`` with the keyword arguments bound), ``TAGS``,
 ``SUPPORTS`` (its gradient is recorded when it lists ``grad``), ``DEVICES`` and
@@ -131,7 +131,7 @@ def evaluate_program(pf: ProgramFile, pipeline: str, *, kinds: Sequence[str] = K
 def _evaluate(pf: ProgramFile, pipeline: str, kinds: tuple, run_checks: bool) -> Evaluation:
     import jax
 
-    from ..corpus import CorpusError, load_program
+    from .corpus import CorpusError, load_program
     from .filecheck import FileCheckSyntaxError
     from .program_checks import parse_program_checks, run_program_checks
     from .views import compute_views

@@ -4,13 +4,14 @@ Custom-rule equations JAX staged with Python callables (``custom_jvp_call``,
 ``custom_vjp_call``, ``linear_call``) get their rules traced to regions, with the
 values the rules close over as explicit operands.  The semantics -- and the
 ``closed_over`` policy for derivatives with respect to closed-over values -- are
-those of ``jaxpr_cc.closure.convert_program``; this pass only exposes it in
-pipelines.
+those of ``jaxpr_cc.frontend.staged_rules.convert_program``; this pass only
+exposes it in pipelines.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..frontend.staged_rules import convert_program
 from .base import Pass, PassContext, register_pass
 
 CLOSED_OVER_POLICIES = ("error", "reverse", "forward", "auto")
@@ -31,16 +32,7 @@ class ClosureConvert(Pass):
             raise ValueError(f"max-forward-size must be >= 0, got {self.max_forward_size}")
 
     def run(self, program, ctx: PassContext):
-        # Imported here: closure conversion pulls in tracing machinery that the
-        # other passes (and importing jaxpr_cc.passes) do not need.
-        import inspect
-
-        from ..closure import convert_program
-        options = dict(closed_over=self.closed_over, max_forward_size=self.max_forward_size)
-        reports_stats = "stats" in inspect.signature(convert_program).parameters
-        if reports_stats:
-            options["stats"] = ctx.stats
-        result = convert_program(program, **options)
-        if reports_stats:
-            ctx.changed = bool(ctx.stats.get("rules-materialized"))
-        return result if result is not None else program
+        convert_program(program, closed_over=self.closed_over,
+                        max_forward_size=self.max_forward_size, stats=ctx.stats)
+        ctx.changed = bool(ctx.stats.get("rules-materialized"))
+        return program

@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import jax_adapter as jx
-from .jax_adapter import ClosedJaxpr, Literal
+from .. import jax_adapter as jx
+from ..jax_adapter import ClosedJaxpr, Literal
 
 
 class NotTransposableError(ValueError):
@@ -803,7 +803,7 @@ def _bind_rule(eqn, callee, transpose, res, lin, ct_avals):
     """``linear_call(callee, transpose)(res; lin)`` as a first-order rule (callee
     and transpose are constant-free jaxprs, so the IR can hold the equation and
     the saved-program format can write it)."""
-    from .closure.rules import LinearRule, RuleInfo, bind_linear_rule
+    from ..closure.rules import LinearRule, RuleInfo, bind_linear_rule
     res_avals = [jax.typeof(x) for x in res]
     lin_avals = [jax.typeof(x) for x in lin]
     nr = len(res)

@@ -1,4 +1,4 @@
-"""The ``closure-convert`` pass: materialize custom rules that are still JAX thunks.
+"""Materialize custom rules that are still JAX thunks (the ``closure-convert`` pass).
 
 Programs built from a raw ``ClosedJaxpr`` (``jax.make_jaxpr``) carry JAX's staged
 rules: a fwd thunk, a bwd callable, a jvp thunk, a transpose thunk.  This pass calls
@@ -17,23 +17,22 @@ import numpy as np
 from jax import tree_util
 
 from .. import jax_adapter as jx
-from ..backends.jaxpr import region_to_closed_jaxpr
-from ..frontend.from_jaxpr import region_from_closed_jaxpr
+from ..closure import naming
+from ..closure.errors import ClosureConversionError
+from ..closure.ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
+from ..closure.rules import RuleInfo, is_inexact
+from ..closure.session import _dedupe, _insert_inputs, _with_consts, session
+from ..ir.clone import clone_function
 from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.structural_key import KeyMaker
 from ..ir.value import Value
-from . import naming
-from .errors import ClosureConversionError
-from .ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
-from .rules import RuleInfo, is_inexact
-from .session import _dedupe, _has_while, _insert_inputs, _with_consts
+from .from_jaxpr import region_from_closed_jaxpr
 
 
 def convert_program(program, *, closed_over: str = "auto", max_forward_size: int = 4096,
                     stats: dict | None = None):
     """Make every custom rule of ``program`` first-order, in place; returns it."""
-    from .session import session
     count = 0
     with session(closed_over=closed_over, max_forward_size=max_forward_size):
         # Converting a rule traces it, and what it traces may hold JAX-form rules of
@@ -209,9 +208,8 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, fwd
     extra = _dedupe(list(fwd_consts) + list(f_c) + list(b_c))
     new_vals = _new_consts(region, eqn, extra)
     n_new = len(extra)
-    call = region_to_closed_jaxpr(call_region)
     # call: (jax_consts, args) -> y      ==> (jax_consts, extra, args) -> y
-    call_j = _insert_inputs(call.jaxpr, nc, [jx.typeof(v) for v in extra])
+    call = _with_inputs(call_region, nc, [jx.typeof(v) for v in extra])
     # fwd: (fwd_consts, f_c, args) -> (y, r)    ==> (jax_consts, extra, args)
     fwd_j = _rebase(f_j, list(fwd_consts) + list(f_c), jax_consts, extra, lead=len(fwd_consts) + len(f_c))
     bwd_j = _rebase(b_j, list(b_c), jax_consts, extra, lead=len(b_c))
@@ -224,10 +222,10 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, fwd
     info = RuleInfo(name=naming.name_of(target), source=naming.source_of(target),
                     const_names=tuple(f"const{i}" for i in range(nc + n_new)),
                     closed_over=closed_over, max_forward_size=max_forward_size,
-                    reverse_ok=not _has_while(call_j))
+                    reverse_ok=not _reaches_while(call))
     memo: dict = {}
     params = {
-        "call_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(call_j, []), None, memo),
+        "call_jaxpr": call,
         "fwd_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(fwd_j, []), None, memo),
         "bwd_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(bwd_j, []), None, memo),
         "num_consts": nc + n_new, "num_res": num_res,
@@ -252,6 +250,34 @@ def _rebase(jaxpr, lead_values, jax_consts, extra, *, lead: int):
     invars += rest
     return jx.Jaxpr([], invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects,
                     jx.fit_debug_info(jaxpr.debug_info, len(invars), len(jaxpr.outvars)))
+
+
+def _with_inputs(region: Region, position: int, avals) -> Region:
+    """``region`` taking unused inputs of ``avals`` at ``position``: itself when there
+    are none (a shared function stays shared), else a copy of it alone."""
+    if not avals:
+        return region
+    new = clone_function(region)
+    for i, aval in enumerate(avals):
+        new.add_input(aval, position=position + i)
+    return new
+
+
+def _reaches_while(region: Region) -> bool:
+    """A while loop reachable outside custom-rule equations (reverse-mode AD of the
+    primal would fail there)."""
+    seen, stack = {id(region)}, [region]
+    while stack:
+        for eqn in stack.pop().equations:
+            if eqn.prim.name == "while":
+                return True
+            if eqn.prim.name in FIRST_ORDER_KEYS:
+                continue
+            for _, _, sub in eqn.regions():
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    stack.append(sub)
+    return False
 
 
 def _replace_equation(region: Region, eqn: Equation, inputs, params) -> None:
@@ -293,8 +319,7 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     _check_concrete("jvp", jvp_fun, j_c)
     extra = _dedupe(list(j_c))
     new_vals = _new_consts(region, eqn, extra)
-    call = region_to_closed_jaxpr(p["call_jaxpr"])
-    call_j = _insert_inputs(call.jaxpr, nc, [jx.typeof(v) for v in extra])
+    call = _with_inputs(p["call_jaxpr"], nc, [jx.typeof(v) for v in extra])
     # jvp: (j_c, jax_consts, args, t) -> ... ==> (jax_consts, extra, args, t)
     lead = j_j.invars[:len(j_c)]
     by_id = {id(v): var for v, var in zip(j_c, lead)}
@@ -306,13 +331,13 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     target = jx.wrapped_fun_target(jvp_fun)
     memo: dict = {}
     params = {
-        "call_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(call_j, []), None, memo),
+        "call_jaxpr": call,
         "jvp_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(jvp_j, []), None, memo),
         "num_consts": nc + len(extra), "symbolic_zeros": bool(p.get("symbolic_zeros", False)),
         "name": naming.name_of(target), "source": naming.source_of(target),
         "const_names": tuple(f"const{i}" for i in range(nc + len(extra))),
         "closed_over": closed_over, "max_forward_size": max_forward_size,
-        "reverse_ok": not _has_while(call_j),
+        "reverse_ok": not _reaches_while(call),
     }
     _replace_equation(region, eqn, jax_consts + new_vals + args, params)
     return params, extra
@@ -341,13 +366,12 @@ def _convert_linear(region: Region, eqn: Equation, closed_over: str, max_forward
     ops = list(eqn.inputs)
     cc, res, lin = ops[:n_cc], ops[n_cc:n_cc + n_res], ops[n_cc + n_res:]
     new_vals = _new_consts(region, eqn, list(t_consts))
-    callee = region_to_closed_jaxpr(p["callee"])
-    callee_j = _insert_inputs(callee.jaxpr, n_cc, [jx.typeof(v) for v in t_consts])
+    callee = _with_inputs(p["callee"], n_cc, [jx.typeof(v) for v in t_consts])
     t_j = _consts_first(t_closed.jaxpr) if t_closed.jaxpr.constvars else t_closed.jaxpr
     t_j = _insert_inputs(t_j, 0, [a.aval for a in cc])
     memo: dict = {}
     params = {
-        "callee": region_from_closed_jaxpr(jx.ClosedJaxpr(callee_j, []), None, memo),
+        "callee": callee,
         "transpose_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(t_j, list(t_closed.consts))
                                                     if t_closed.consts else jx.ClosedJaxpr(t_j, []),
                                                     None, memo),

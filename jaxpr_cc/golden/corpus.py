@@ -117,7 +117,7 @@ def corpus_dir() -> pathlib.Path:
     override = os.environ.get("JAXPR_CC_CORPUS")
     if override:
         return pathlib.Path(override).resolve()
-    return pathlib.Path(__file__).resolve().parent.parent / "golden" / "programs"
+    return pathlib.Path(__file__).resolve().parents[2] / "golden" / "programs"
 
 
 def _is_inexact_leaf(leaf: Any) -> bool:
@@ -235,7 +235,7 @@ def load_program(path) -> CorpusProgram:
         raise bad("TAGS must be a tuple of strings")
     unknown = sorted(set(tags) - TAG_VOCABULARY)
     if unknown:
-        raise bad(f"unknown tags {unknown} (see jaxpr_cc.corpus.TAG_VOCABULARY)")
+        raise bad(f"unknown tags {unknown} (see jaxpr_cc.golden.corpus.TAG_VOCABULARY)")
     supports = getattr(module, "SUPPORTS", None)
     if not isinstance(supports, tuple) or not all(isinstance(s, str) for s in supports):
         raise bad("SUPPORTS must be a tuple of strings")
