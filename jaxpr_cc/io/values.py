@@ -20,7 +20,9 @@ Scalars are written inline, ``{"kind", "dtype", "value"}`` (plus ``"weak_type":
 true`` where kept and set); arrays with at least one dimension go to the *array
 table* (``program.json`` ``"arrays"``, one ``consts/NNNNNN.npy`` entry each) and are
 written ``{"kind", "array": INDEX}``.  The same array object held in several places
-is stored once and reads back as one object.
+is stored once and reads back as one object.  A ``jax`` or ``key`` value placed
+with a NamedSharding over a mesh of devices also records ``"sharding"`` and reads
+back placed the same way (format version 3).
 """
 from __future__ import annotations
 
