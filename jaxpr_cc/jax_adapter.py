@@ -720,8 +720,21 @@ class ForwardModeRefusedError(TypeError):
     """Forward-mode differentiation reached a rule that only has a reverse mode."""
 
 
-def _refused_avals(out_shapes, out_dtypes):
-    return [ShapedArray(tuple(s), d) for s, d in zip(out_shapes, out_dtypes)]
+def _refused_avals(out_shapes, out_dtypes, out_varying=()):
+    # ``out_varying``: per output, the manual mesh axes it varies over inside
+    # shard_map (check_vma); absent in programs saved before it existed.
+    from jax._src import config as _config
+    varying = list(out_varying or ()) + [()] * (len(out_shapes) - len(out_varying or ()))
+    avals = []
+    for s, d, v in zip(out_shapes, out_dtypes, varying):
+        if v and _config._check_vma.value:
+            sharding = jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(),
+                                                  jax.sharding.PartitionSpec(*[None] * len(s)))
+            avals.append(ShapedArray(tuple(s), d, sharding=sharding,
+                                     manual_axis_type=_core.ManualAxisType(varying=frozenset(v))))
+        else:
+            avals.append(ShapedArray(tuple(s), d))
+    return avals
 
 
 def _refused_raise(*_, message, **__):
@@ -732,11 +745,11 @@ def _refused_lowering(ctx, *_, message, **__):
     raise ForwardModeRefusedError(message)
 
 
-def _refused_batcher(args, dims, *, message, out_shapes, out_dtypes):
+def _refused_batcher(args, dims, *, message, out_shapes, out_dtypes, **rest):
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     shapes = tuple((size,) + tuple(s) for s in out_shapes)
     outs = forward_mode_refused_p.bind(*args, message=message, out_shapes=shapes,
-                                       out_dtypes=out_dtypes)
+                                       out_dtypes=out_dtypes, **rest)
     return outs, [0] * len(outs)
 
 
@@ -750,7 +763,8 @@ def _register_forward_mode_refused() -> None:
     from jax._src.interpreters import mlir as _mlir
     forward_mode_refused_p.def_impl(_refused_raise)
     forward_mode_refused_p.def_abstract_eval(
-        lambda *_, out_shapes, out_dtypes, **__: _refused_avals(out_shapes, out_dtypes))
+        lambda *_, out_shapes, out_dtypes, out_varying=(), **__:
+        _refused_avals(out_shapes, out_dtypes, out_varying))
     _mlir.register_lowering(forward_mode_refused_p, _refused_lowering)
     _lc_batching.primitive_batchers[forward_mode_refused_p] = _refused_batcher
     _lc_ad.primitive_jvps[forward_mode_refused_p] = _refused_jvp
@@ -762,9 +776,12 @@ _register_forward_mode_refused()
 def refuse_forward_mode(operands, out_avals, message: str):
     """Outputs of ``out_avals`` that raise ``message`` when evaluated or compiled."""
     import numpy as _np
+    varying = tuple(tuple(sorted(getattr(getattr(a, "manual_axis_type", None), "varying", ()),
+                                 key=str)) for a in out_avals)
+    extra = {"out_varying": varying} if any(varying) else {}
     return forward_mode_refused_p.bind(
         *operands, message=str(message), out_shapes=tuple(tuple(a.shape) for a in out_avals),
-        out_dtypes=tuple(_np.dtype(a.dtype) for a in out_avals))
+        out_dtypes=tuple(_np.dtype(a.dtype) for a in out_avals), **extra)
 
 
 def _refuses_forward_mode(callee) -> bool:
@@ -1007,3 +1024,25 @@ def on_clear_caches(clear: "Callable[[], None]") -> Any:
     hook = _ClearHook()
     _util.register_cache(hook, "jaxpr_cc.jit traced programs")
     return hook
+
+
+# ---------------------------------------------------------------------------
+# --- tracing inside a shard_map body (passes/vjp_to_jvp.py) -------------------
+def region_trace_context(prim_name: str, params: dict):
+    """The context JAX traces the body of an equation in, for a pass that traces
+    new functions over values of that body: for ``shard_map``, its manual axes in
+    the axis environment, the mesh with those axes Manual, and its check_vma (so
+    new equations carry the varying-manual-axes types of the body's values);
+    no context for any other primitive."""
+    import contextlib
+    if prim_name != "shard_map" or "mesh" not in params:
+        return contextlib.nullcontext()
+    from jax._src import config as _config
+    from jax._src import shard_map as _shard_map
+    mesh = params["mesh"]
+    manual = frozenset(params.get("newly_manual_axes", ()))
+    stack = contextlib.ExitStack()
+    stack.enter_context(_shard_map._extend_axis_env(mesh, manual))
+    stack.enter_context(jax.sharding.use_abstract_mesh(_shard_map._as_manual_mesh(mesh, manual)))
+    stack.enter_context(_config._check_vma(bool(params.get("check_vma", True))))
+    return stack

@@ -794,13 +794,17 @@ def test_no_memory_blow_up(label, maker, tmp_path):
     assert peak < 8 * len(data) + (16 << 20), f"{label}: peak {peak / 2**20:.0f} MiB"
 
 
+_NEWER = container.FORMAT_VERSION + 1  # a version this reader does not know yet
+
+
 def test_messages_say_what_is_wrong(tmp_path):
     path = tmp_path / "p.jcc"
     cases = {
-        "newer format": (repack(VALID["a"], manifest_edit=lambda m: m.update(format_version=3)),
-                         r"format version 3, newer than this jaxpr-cc reads \(versions 1 to 2\)"),
+        "newer format": (repack(VALID["a"], manifest_edit=lambda m: m.update(format_version=_NEWER)),
+                         rf"format version {_NEWER}, newer than this jaxpr-cc reads "
+                         rf"\(versions 1 to {_NEWER - 1}\)"),
         "newer format, other layout": (_newer_layout(VALID["a"]),
-                                       r"format version 3, newer than this jaxpr-cc"),
+                                       rf"format version {_NEWER}, newer than this jaxpr-cc"),
         "other JAX": (repack(VALID["a"], manifest_edit=lambda m: m.update(jax_version="0.4.30")),
                       rf"written with JAX 0\.4\.30, but this process has JAX {jax.__version__}"),
         "bit flip": (_flip(VALID["a"], len(VALID["a"]) // 2), r"corrupted|damaged"),
@@ -822,7 +826,7 @@ def _newer_layout(data: bytes) -> bytes:
     entries this version does not know."""
     entries = entries_of(data)
     manifest = json.loads(entries[0][1])
-    manifest["format_version"] = 3
+    manifest["format_version"] = _NEWER
     manifest["entries"].append({"name": "extras.bin", "sha256": "0" * 64, "size": 3})
     return _raw_pack([(container.MANIFEST, json.dumps(manifest).encode())] + entries[1:]
                      + [("extras.bin", b"new")])

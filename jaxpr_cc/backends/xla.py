@@ -71,6 +71,11 @@ def _lowering_specs(program: Program, avals, in_flat) -> list:
     else the context mesh's (jax.set_mesh) at the traced spec.  JAX cannot lower
     an abstract mesh on its own."""
     context = jax.sharding.get_mesh()
+    # Concrete meshes the program's other inputs are placed on (its saved argument
+    # shardings): a parameter typed on the same abstract mesh but not placed (a
+    # file written before values kept their sharding) is lowered on that mesh.
+    known = [s.mesh for s in in_flat if isinstance(s, jax.sharding.NamedSharding)
+             and isinstance(s.mesh, jax.sharding.Mesh)]
     specs = []
     for i, (aval, placed) in enumerate(zip(avals, in_flat)):
         weak = getattr(aval, "weak_type", False)
@@ -84,6 +89,9 @@ def _lowering_specs(program: Program, avals, in_flat) -> list:
             sharding = jax.sharding.NamedSharding(context, typed.spec)
         elif isinstance(typed.mesh, jax.sharding.Mesh):
             sharding = typed
+        elif any(m.abstract_mesh == typed.mesh for m in known):
+            mesh = next(m for m in known if m.abstract_mesh == typed.mesh)
+            sharding = jax.sharding.NamedSharding(mesh, typed.spec)
         else:
             n_params = len(program.params)
             what = (f"parameter {i}" if i < n_params else f"argument leaf {i - n_params}")

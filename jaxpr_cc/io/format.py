@@ -29,7 +29,7 @@ from typing import BinaryIO, Callable, Sequence
 from .errors import FormatError, SaveError
 
 FORMAT_NAME = "jaxpr-cc saved program"
-FORMAT_VERSION = 2  # the newest version this code writes and reads (2: shared param sets)
+FORMAT_VERSION = 3  # the newest version this code writes and reads (2: shared param sets; 3: sharded values)
 
 MANIFEST = "manifest.json"
 PROGRAM = "program.json"

@@ -20,7 +20,9 @@ Scalars are written inline, ``{"kind", "dtype", "value"}`` (plus ``"weak_type":
 true`` where kept and set); arrays with at least one dimension go to the *array
 table* (``program.json`` ``"arrays"``, one ``consts/NNNNNN.npy`` entry each) and are
 written ``{"kind", "array": INDEX}``.  The same array object held in several places
-is stored once and reads back as one object.
+is stored once and reads back as one object.  A ``jax`` or ``key`` value placed
+with a NamedSharding over a mesh of devices also records ``"sharding"`` and reads
+back placed the same way (format version 3).
 """
 from __future__ import annotations
 
@@ -101,10 +103,30 @@ def encode_host_value(x: Any, table: ArrayTable, where: str) -> dict:
         import jax
         name = _dtype_name(x.dtype, where)
         data = np.asarray(jax.random.key_data(x))
-        return {"kind": "key", "array": table.add(x, data, name, tuple(x.shape))}
+        return _with_sharding({"kind": "key", "array": table.add(x, data, name, tuple(x.shape))},
+                              x, where)
     if _is_jax_array(x):
-        return _array_value("jax", x, np.asarray(x), bool(x.weak_type), table, where)
+        return _with_sharding(_array_value("jax", x, np.asarray(x), bool(x.weak_type), table,
+                                           where), x, where)
     raise SaveError(f"{where}: a value of type {t.__module__}.{t.__qualname__} cannot be saved")
+
+
+def _with_sharding(out: dict, x, where: str) -> dict:
+    """``out`` plus ``"sharding"`` when the jax.Array ``x`` is placed with a
+    NamedSharding over a concrete mesh (a sharded array the program closes over):
+    under Explicit mesh axes its sharding is part of its type, and the program's
+    results depend on it.  Arrays on one device keep no sharding (they read back on
+    the default device, as before the field existed)."""
+    import jax
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(sharding, jax.sharding.NamedSharding) or \
+            not isinstance(sharding.mesh, jax.sharding.Mesh):
+        return out
+    from . import shardings
+    encoded = shardings.encode_named_sharding(sharding, f"{where} sharding")
+    if shardings.decode_named_sharding(encoded) != sharding:
+        raise SaveError(f"{where}: its sharding {sharding} cannot be saved exactly")
+    return {**out, "sharding": encoded}
 
 
 def _array_value(kind: str, x, host: np.ndarray, weak: bool | None, table, where) -> dict:
@@ -173,9 +195,9 @@ class ArraySource:
         self._host[i] = host
         return host
 
-    def object(self, kind: str, i: Any, weak: bool):
+    def object(self, kind: str, i: Any, weak: bool, sharding: Any = None):
         i = self._index(i)
-        key = (kind, i, weak)
+        key = (kind, i, weak, None if sharding is None else repr(sharding))
         got = self._objects.get(key)
         if got is not None:
             return got
@@ -196,6 +218,7 @@ class ArraySource:
             raise FormatError(f"array {i}: key data must have kind 'key'")
         else:
             out = _from_host(kind, np.array(host), weak)
+        out = _place(out, sharding)
         self._objects[key] = out
         return out
 
@@ -214,6 +237,29 @@ def _from_host(kind: str, host: np.ndarray, weak: bool):
     raise FormatError(f"unknown value kind {kind[:40]!r}")
 
 
+def _place(value, sharding):
+    """A decoded jax.Array placed with its saved sharding (``None``: as decoded)."""
+    if sharding is None:
+        return value
+    import jax
+    return jax.device_put(value, sharding)
+
+
+def _decode_sharding(obj: dict, kind: Any):
+    """The saved NamedSharding of a ``jax``/``key`` value, or None.  A mesh over
+    devices this process does not have reads back as None (the value is placed on
+    the default device): such a process can still load and inspect the program."""
+    if "sharding" not in obj:
+        return None
+    if kind not in ("jax", "key"):
+        raise FormatError(f"a value of kind {str(kind)[:40]!r} carries no sharding")
+    from . import shardings
+    try:
+        return shardings.decode_named_sharding(obj["sharding"])
+    except shardings.MissingDevicesError:
+        return None
+
+
 _SCALAR_KEYS = {"kind", "dtype", "value"}
 _ARRAY_KEYS = {"kind", "array"}
 
@@ -224,14 +270,17 @@ def decode_host_value(obj: Any, arrays: ArraySource) -> Any:
     weak = obj.get("weak_type", False)
     if weak is not False and weak is not True:
         raise FormatError("weak_type must be true when present")
-    keys = set(obj) - {"weak_type"} if "weak_type" in obj else set(obj)
+    keys = set(obj) - {"weak_type", "sharding"}
     if "weak_type" in obj and not weak:
         raise FormatError("weak_type is written only when true")
     kind = obj.get("kind")
+    sharding = _decode_sharding(obj, kind)
     if keys == _ARRAY_KEYS:
         if kind not in ("ndarray", "typed_ndarray", "jax", "key"):
             raise FormatError(f"value kind {str(kind)[:40]!r} is not an array kind")
-        return arrays.object(kind, obj["array"], weak)
+        if not arrays.materialize:
+            return arrays.object(kind, obj["array"], weak)
+        return arrays.object(kind, obj["array"], weak, sharding)
     if keys != _SCALAR_KEYS:
         raise FormatError(f"malformed value (fields {sorted(obj)[:8]})")
     dtype = dtypes.dtype_from_name(obj["dtype"])
@@ -253,4 +302,4 @@ def decode_host_value(obj: Any, arrays: ArraySource) -> Any:
         return dtypes.decode_scalar(obj["value"], dtype)[()]
     if dtypes.is_key_dtype(dtype):
         raise FormatError("key arrays are stored in the array table")
-    return _from_host(kind, dtypes.decode_scalar(obj["value"], dtype), weak)
+    return _place(_from_host(kind, dtypes.decode_scalar(obj["value"], dtype), weak), sharding)

@@ -72,7 +72,7 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
     if problem is not None:
         raise _error(what, linear_name, problem)
     out_avals = list(closed.out_avals)
-    lin_examples = [jax.ShapeDtypeStruct(in_avals[i].shape, in_avals[i].dtype) for i in lin_pos]
+    lin_examples = [_example(in_avals[i]) for i in lin_pos]
 
     def transposed(*args):
         others, cts = args[:len(other_pos)], args[len(other_pos):]
@@ -105,6 +105,16 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
         raise NotTransposableError(f"{what}: its transpose captured {len(consts)} array "
                                    f"constants; rule regions must be constant-free")
     return ClosedJaxpr(jaxpr, [])
+
+
+def _example(aval) -> jax.ShapeDtypeStruct:
+    # Inside shard_map (check_vma) a linear input's type includes the manual axes
+    # it varies over (and its mesh, where they are Manual); jax.linear_transpose
+    # checks the cotangents against it.
+    sharding = getattr(aval, "sharding", None)
+    typed = {} if sharding is None or sharding.mesh.empty else {"sharding": sharding}
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
+                                manual_axis_type=jx.manual_axis_type_of(aval), **typed)
 
 
 def _ct_aval(aval):
@@ -718,8 +728,8 @@ def _bind_linear_while(eqn, invals, flags, used):
             full = [*merge(const_lin, lc, nl_consts), *merge(carry_lin, lcar, n_vals)]
             outs = eval_linear(body.jaxpr, body.consts, full, [*const_lin, *carry_lin])
             return [o for o, f in zip(outs, carry_lin) if f]
-        examples = ([jax.ShapeDtypeStruct(a.shape, a.dtype) for a in lin_const_avals],
-                    [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in lin_carry_avals])
+        examples = ([_example(a) for a in lin_const_avals],
+                    [_example(a) for a in lin_carry_avals])
         g_c, g_l = jax.linear_transpose(step, *examples)(list(w))
         return list(g_c), list(g_l)
 

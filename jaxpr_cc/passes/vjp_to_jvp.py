@@ -114,7 +114,10 @@ class _Rewriter:
             # the custom function itself, a bwd that uses one) are rewritten before
             # this equation's own rule is built from those regions.
             for _, _, sub in eqn.regions():
-                self.region(sub)
+                # Rules rebuilt inside a shard_map body are traced in its context:
+                # their tangents keep the manual axes their primals vary over.
+                with jx.region_trace_context(eqn.prim.name, eqn.params):
+                    self.region(sub)
             if eqn.prim.name == "custom_vjp_call":
                 self.rewrite(region, eqn)
 
