@@ -377,8 +377,19 @@ def test_closure_convert_hoist_arrays_and_caching():
     assert conv2 is conv
     _, none_hoisted = jaxpr_cc.closure_convert(f, jnp.ones(2))
     assert none_hoisted == []
-    with pytest.raises(TypeError, match="structured"):
+    with pytest.raises(TypeError, match="same Pytree structure"):
         conv((jnp.ones(2),), *hoisted)
+
+
+def test_closure_convert_wrong_structure_raises_jax_words():
+    # jax.closure_convert's error text (JAX's own tests match it), for the same misuse.
+    _, vjp = jax.vjp(lambda x, z: z * x, 2.0, 3.0)
+    for convert in (jax.closure_convert, jaxpr_cc.closure_convert):
+        pure, aux = convert(vjp, 2.0)
+        pure(2.0, *aux)
+        with pytest.raises(TypeError, match="The inputs to the closure produced by "
+                                            "closure_convert must have the same Pytree"):
+            pure(2.0, aux)
 
 
 def test_rule_that_calls_itself_is_one_function_at_every_order():

@@ -22,6 +22,7 @@ import jax
 from jax import tree_util
 
 from .. import jax_adapter as jx
+from . import naming
 
 HOIST_CHOICES = ("perturbed", "arrays")
 _cache: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
@@ -65,10 +66,13 @@ def closure_convert(fun: Callable, *example_args, hoist: str = "perturbed"):
         args, lifted = args_and_hoisted[:n_args], args_and_hoisted[n_args:]
         flat_args, tree = tree_util.tree_flatten(tuple(args))
         if tree != in_tree:
+            # JAX's own words (callers match them), then which function and how to fix.
             raise TypeError(
-                f"the converted function of {getattr(fun, '__name__', fun)!r} takes arguments "
-                f"structured like its example arguments, {in_tree}, followed by the {n_hoisted} "
-                f"hoisted values; got {tree}")
+                f"The inputs to the closure produced by closure_convert must have the same "
+                f"Pytree structure as the example arguments passed when closure_convert was "
+                f"called. Expected {in_tree}, but got {tree} (converting "
+                f"{naming.name_of(fun)}: pass the example arguments' structure, then the "
+                f"{n_hoisted} hoisted values unpacked)")
         k, h = iter(kept), iter(lifted)
         all_consts = [next(h) if c else next(k) for c in chosen]
         outs = jx.eval_jaxpr(jaxpr, [], *all_consts, *flat_args)
