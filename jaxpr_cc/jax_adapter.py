@@ -873,6 +873,18 @@ class PerturbationOracle:
         return False
 
 
+def evaluated_eagerly(args) -> bool:
+    """Would JAX evaluate a custom function called on ``args`` now rather than stage
+    it: under eager evaluation, or inside ``jax.ensure_compile_time_eval`` (JAX's
+    staging trace folds calls whose inputs are all concrete)?"""
+    if isinstance(_core.trace_ctx.trace, _core.EvalTrace):
+        return True
+    from jax._src import config as _config
+    leaves = jax.tree_util.tree_leaves(args)
+    return bool(_config.eager_constant_folding.value) and \
+        not any(isinstance(x, _core.Tracer) for x in leaves)
+
+
 def inside_autodiff() -> bool:
     """Is the innermost active trace one of JAX's AD traces (jvp, linearize)?  Such
     a trace runs a custom function's rules at once, while enclosing traces live."""

@@ -415,3 +415,43 @@ def test_trace_leaves_jax_untouched_outside_a_session():
     cj = jax.make_jaxpr(fp.newton_sqrt)(2.0)
     eqn = next(e for e in cj.jaxpr.eqns if e.primitive.name == "custom_vjp_call")
     assert "fwd_jaxpr_thunk" in eqn.params
+
+
+def test_custom_function_under_ensure_compile_time_eval_runs_eagerly():
+    # JAX evaluates a custom function on concrete inputs inside
+    # ensure_compile_time_eval (its rules and primal see concrete values).
+    @jax.custom_jvp
+    def f(x):
+        assert x == 0.0  # concrete
+        return x + 1.0
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        return f(primals[0]), tangents[0]
+
+    def g():
+        with jax.ensure_compile_time_eval():
+            return f(0.0)
+
+    assert float(jaxpr_cc.jit(g)()) == float(jax.jit(g)()) == 1.0
+
+
+def test_jit_inside_a_custom_primal_closing_over_outer_tracers():
+    # A jaxpr_cc.jit traced inside a custom function's primal closes over values of
+    # the enclosing traces: they stay values of those traces (not bytes).
+    def call(f, *args):
+        f = jax.custom_jvp(f)
+        f.defjvp(lambda primals, tangents: (f(*primals), sum(tangents)))
+        return f(*args)
+
+    def program(x, jit):
+        def bar(y):
+            def baz(w):
+                q = call(lambda x: y, x) + call(lambda y: w + y, y)
+                return call(lambda w: call(jnp.sin, x) * y, 1.0) + q
+            return jit(baz)(x)
+        return call(bar, x)
+
+    want = jax.jit(lambda x: program(x, jax.jit))(3.0)
+    got = jaxpr_cc.jit(lambda x: program(x, jaxpr_cc.jit))(3.0)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -76,7 +76,7 @@ class TraceSession:
     # --------------------------------------------------------- custom_vjp
     def call_custom_vjp(self, cvjp, args, kwargs):
         args = jx.resolve_kwargs(cvjp.fun, args, kwargs)
-        if self._jax_can_run_rules(cvjp, args):
+        if jx.evaluated_eagerly(args) or self._jax_can_run_rules(cvjp, args):
             return _originals["vjp"](cvjp, *args)
         return self._call_custom("vjp", cvjp, list(args), self._materialize_vjp)
 
@@ -311,7 +311,7 @@ class TraceSession:
     # --------------------------------------------------------- custom_jvp
     def call_custom_jvp(self, cjvp, args, kwargs):
         args = jx.resolve_kwargs(cjvp.fun, args, kwargs)
-        if self._jax_can_run_rules(cjvp, args):
+        if jx.evaluated_eagerly(args) or self._jax_can_run_rules(cjvp, args):
             return _originals["jvp"](cjvp, *args)
         nondiff = tuple(cjvp.nondiff_argnums)
         # As JAX does: no derivative flows through non-differentiable arguments.

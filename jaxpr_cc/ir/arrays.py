@@ -7,6 +7,13 @@ from typing import Any
 import numpy as np
 
 
+def is_traced(x: Any) -> bool:
+    """A value of an enclosing trace (a program traced inside another trace, e.g.
+    ``jaxpr_cc.jit`` under a custom rule, closes over them): it has no bytes yet."""
+    from ..jax_adapter import Tracer
+    return isinstance(x, Tracer)
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """A host numpy view of ``x``; PRNG key arrays become their raw key data."""
     import jax

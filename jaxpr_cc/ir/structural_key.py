@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import param_types
-from .arrays import to_numpy
+from .arrays import is_traced, to_numpy
 from .region import Region
 from .value import Value, is_literal
 
@@ -75,6 +75,9 @@ class KeyMaker:
 
     def array(self, x: Any) -> tuple:
         key = self._arrays.get(id(x))
+        if key is None and is_traced(x):  # a value of an enclosing trace: identity
+            key = self._arrays[id(x)] = ("traced", param_types.identity_key(x))
+            self._keep.append(x)
         if key is None:
             a = to_numpy(x)
             dtype = getattr(x, "dtype", a.dtype)

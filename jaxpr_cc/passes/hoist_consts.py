@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..ir.arrays import nbytes, to_numpy
+from ..ir.arrays import is_traced, nbytes, to_numpy
 from ..ir.region import Region
 from ..ir.value import Value, is_literal
 from ..jax_adapter import UNSPECIFIED_SHARDING, is_input_effect
@@ -207,6 +207,8 @@ def _literal_value(lit) -> np.ndarray:
 
 
 def _same_bytes(a, b) -> bool:
+    if is_traced(a) or is_traced(b):  # values of an enclosing trace: only identity
+        return False
     x, y = to_numpy(a), to_numpy(b)
     if x.shape != y.shape or x.dtype != y.dtype:
         return False
