@@ -41,6 +41,23 @@ check_jaxpr = _core.check_jaxpr
 new_source_info = _source_info_util.new_source_info
 
 
+_BASE_IS_HIGH = _core.Primitive.is_high
+
+
+def _eqn_is_high(eqn) -> bool:
+    prim, params = eqn.primitive, eqn.params
+    if getattr(prim.is_high, "__func__", None) is _BASE_IS_HIGH:  # only nested jaxprs
+        return any(type(v) in (Jaxpr, ClosedJaxpr) and v.is_high for v in params.values())
+    return bool(prim.is_high(*[v.aval for v in eqn.invars], **params))
+
+
+def jaxpr_from_parts(constvars, invars, outvars, eqns, effects, debug_info) -> Jaxpr:
+    """A Jaxpr, marked high-level when an equation is (JAX's experimental
+    ``custom_vjp3`` stages a high-level primitive; jit must lower it first)."""
+    high = any(map(_eqn_is_high, eqns))
+    return Jaxpr(constvars, invars, outvars, eqns, effects, debug_info, is_high=high)
+
+
 def get_aval(x: Any) -> AbstractValue:
     return jax.typeof(x)
 

@@ -455,3 +455,20 @@ def test_jit_inside_a_custom_primal_closing_over_outer_tracers():
     want = jax.jit(lambda x: program(x, jax.jit))(3.0)
     got = jaxpr_cc.jit(lambda x: program(x, jaxpr_cc.jit))(3.0)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_high_level_custom_vjp_under_nested_jit():
+    # JAX's experimental custom_vjp3 stages a high-level primitive, which jit lowers
+    # before compiling: emitted jaxprs say they hold one.
+    jax.config.update("jax_custom_vjp3", True)
+    try:
+        @jax.custom_vjp
+        def f(x):
+            return jnp.sin(x)
+
+        f.defvjp(lambda x: (f(x), jnp.cos(x)), lambda cos_x, g: (2 * cos_x * g,))
+        for outer, inner in ((jax.jit, jax.jit), (jaxpr_cc.jit, jaxpr_cc.jit)):
+            np.testing.assert_allclose(outer(inner(f))(3.0), np.sin(3.0), rtol=1e-6)
+        np.testing.assert_allclose(jax.grad(jaxpr_cc.jit(f))(3.0), 2 * np.cos(3.0), rtol=1e-6)
+    finally:
+        jax.config.update("jax_custom_vjp3", False)

@@ -6,7 +6,8 @@ from typing import Any
 from ..closure.ir_rules import FIRST_ORDER_KEYS, export_params, is_first_order_custom
 from ..ir.region import Region
 from ..ir.value import Value
-from ..jax_adapter import ClosedJaxpr, Jaxpr, Literal, Var, fit_debug_info, new_jaxpr_eqn
+from ..jax_adapter import (ClosedJaxpr, Jaxpr, Literal, Var, fit_debug_info, jaxpr_from_parts,
+                           new_jaxpr_eqn)
 
 
 def region_to_jaxpr(region: Region, memo: dict | None = None) -> tuple[Jaxpr, list[Any] | None]:
@@ -41,7 +42,7 @@ def region_to_jaxpr(region: Region, memo: dict | None = None) -> tuple[Jaxpr, li
         append(new_jaxpr_eqn(ins, outs, prim, params, eqn.effects, eqn.source_info, eqn.ctx))
     outvars = [env[a] if type(a) is Value else a for a in region.outvars]
     dbg = fit_debug_info(region.debug_info, len(invars), len(outvars))
-    jaxpr = Jaxpr(constvars, invars, outvars, eqns, region.effects, dbg)
+    jaxpr = jaxpr_from_parts(constvars, invars, outvars, eqns, region.effects, dbg)
     return jaxpr, (list(region.consts) if region.consts is not None else None)
 
 
