@@ -206,6 +206,39 @@ def cases(out_dir: Path):
         loaded, _ = _save_load(with_forward_mode(jaxpr_cc.trace(h, xa)), out_dir, "reverse_only")
         return _check_same(jax.grad(loaded)(xa), ref, "grad(loaded rewritten program)")
 
+    def rules_with_literals_in_shard_map():
+        """Custom rules whose bodies hold Python literals (pvary'd inside shard_map)
+        are re-bound in the body's context: plain calls, grad, vmap and a custom_jvp."""
+        mesh8 = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+
+        @jax.custom_vjp
+        def twice_sin(v):
+            return jnp.sin(v) * 2.
+
+        twice_sin.defvjp(lambda v: (jnp.sin(v) * 2., jnp.cos(v)), lambda r, g: (2. * g * r,))
+
+        @jax.custom_jvp
+        def twice_sin_jvp(v):
+            return jnp.sin(v) * 2.
+
+        twice_sin_jvp.defjvp(lambda p, t: (jnp.sin(p[0]) * 2., 2. * jnp.cos(p[0]) * t[0]))
+        v = jnp.linspace(0., 1., 16)
+        problems = []
+        for rule in (twice_sin, twice_sin_jvp):
+            def loss(a, rule=rule):
+                return jax.shard_map(rule, mesh=mesh8, in_specs=P("x"),
+                                     out_specs=P("x"))(a).sum()
+            name = rule.__name__
+            problems += _close(jaxpr_cc.jit(loss)(v), jax.jit(loss)(v), f"{name} value")
+            problems += _close(jax.grad(jaxpr_cc.jit(loss))(v), jax.grad(jax.jit(loss))(v),
+                               f"{name} grad")
+            problems += _close(jax.grad(jaxpr_cc.trace(loss, v))(v), jax.grad(jax.jit(loss))(v),
+                               f"{name} grad of Program")
+            vv = jnp.stack([v, v + 1.])
+            problems += _close(jax.vmap(jaxpr_cc.jit(loss))(vv), jax.vmap(jax.jit(loss))(vv),
+                               f"{name} vmap")
+        return problems
+
     return {
         "constants_keep_their_sharding": constants_keep_their_sharding,
         "hoisted_parameter_compiles_without_set_mesh": hoisted_parameter_compiles_without_set_mesh,
@@ -214,13 +247,14 @@ def cases(out_dir: Path):
         "grad_of_program_with_custom_vjp_in_shard_map": grad_of_program_with_custom_vjp_in_shard_map,
         "forward_mode_in_shard_map": forward_mode_in_shard_map,
         "reverse_only_rule_in_shard_map_saves": reverse_only_rule_in_shard_map_saves,
+        "rules_with_literals_in_shard_map": rules_with_literals_in_shard_map,
     }
 
 
 CASE_NAMES = ("constants_keep_their_sharding", "hoisted_parameter_compiles_without_set_mesh",
               "cli_compile_and_exec_hoisted", "grad_of_jit_with_custom_vjp_in_shard_map",
               "grad_of_program_with_custom_vjp_in_shard_map", "forward_mode_in_shard_map",
-              "reverse_only_rule_in_shard_map_saves")
+              "reverse_only_rule_in_shard_map_saves", "rules_with_literals_in_shard_map")
 
 
 def main(out_dir: Path) -> int:
