@@ -1057,6 +1057,19 @@ def on_clear_caches(clear: "Callable[[], None]") -> Any:
 
 # ---------------------------------------------------------------------------
 # --- tracing inside a shard_map body (passes/vjp_to_jvp.py) -------------------
+# Collectives whose transpose depends on whether their operand is replicated
+# across the axes (psum of a replicated value is not a sum of distinct values):
+# inside shard_map(check_vma=False) JAX has no types to tell, so it guesses.
+REPLICATION_DEPENDENT_COLLECTIVES = frozenset({
+    "psum", "pmax", "pmin", "psum_invariant", "all_gather", "all_gather_invariant",
+    "reduce_scatter", "all_to_all", "pbroadcast"})
+
+
+def unchecked_replication(prim_name: str, params: dict) -> bool:
+    """Is this a shard_map whose body JAX traced without varying-axes types?"""
+    return prim_name == "shard_map" and not params.get("check_vma", True)
+
+
 def region_trace_context(prim_name: str, params: dict):
     """The context JAX traces the body of an equation in, for a pass that traces
     new functions over values of that body: for ``shard_map``, its manual axes in

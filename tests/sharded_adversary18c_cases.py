@@ -239,6 +239,39 @@ def cases(out_dir: Path):
                                f"{name} vmap")
         return problems
 
+    def untyped_collective_in_bwd_is_reverse_only():
+        """Inside shard_map(check_vma=False) a bwd that psums a replicated value's
+        cotangent has no transpose JAX can type (psum would transpose to psum: the
+        tangent times the axis size): forward mode refuses in one line; grad is
+        jax.jit's."""
+        mesh8 = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+
+        @jax.custom_vjp
+        def layer(w, v):
+            return jnp.sin(w * v)
+
+        def layer_bwd(r, g):
+            w, v = r
+            c = jnp.cos(w * v) * g
+            return jax.lax.psum((c * v).sum(), "x"), c * w
+
+        layer.defvjp(lambda w, v: (jnp.sin(w * v), (w, v)), layer_bwd)
+
+        def f(w, v):
+            return jax.shard_map(layer, mesh=mesh8, in_specs=(P(), P("x")), out_specs=P("x"),
+                                 check_vma=False)(w, v)
+
+        w, v = jnp.float32(0.7), jnp.linspace(-1., 1., 16, dtype=jnp.float32)
+        problems = _close(jax.grad(lambda w: jaxpr_cc.jit(f)(w, v).sum())(w),
+                          jax.grad(lambda w: jax.jit(f)(w, v).sum())(w), "grad")
+        try:
+            jax.jvp(lambda w: jaxpr_cc.jit(f)(w, v), (w,), (jnp.float32(1.),))
+            problems.append("forward mode through an untyped psum in bwd did not raise")
+        except TypeError as e:
+            if "check_vma=False" not in str(e).splitlines()[0]:
+                problems.append(f"refusal message: {str(e)[:300]}")
+        return problems
+
     return {
         "constants_keep_their_sharding": constants_keep_their_sharding,
         "hoisted_parameter_compiles_without_set_mesh": hoisted_parameter_compiles_without_set_mesh,
@@ -248,13 +281,15 @@ def cases(out_dir: Path):
         "forward_mode_in_shard_map": forward_mode_in_shard_map,
         "reverse_only_rule_in_shard_map_saves": reverse_only_rule_in_shard_map_saves,
         "rules_with_literals_in_shard_map": rules_with_literals_in_shard_map,
+        "untyped_collective_in_bwd_is_reverse_only": untyped_collective_in_bwd_is_reverse_only,
     }
 
 
 CASE_NAMES = ("constants_keep_their_sharding", "hoisted_parameter_compiles_without_set_mesh",
               "cli_compile_and_exec_hoisted", "grad_of_jit_with_custom_vjp_in_shard_map",
               "grad_of_program_with_custom_vjp_in_shard_map", "forward_mode_in_shard_map",
-              "reverse_only_rule_in_shard_map_saves", "rules_with_literals_in_shard_map")
+              "reverse_only_rule_in_shard_map_saves", "rules_with_literals_in_shard_map",
+              "untyped_collective_in_bwd_is_reverse_only")
 
 
 def main(out_dir: Path) -> int:

@@ -104,6 +104,7 @@ class _Rewriter:
         self.done: dict[int, Region] = {}       # regions already visited (shared rules: once)
         self.built: dict[tuple, dict | None] = {}  # (call, fwd, bwd) region ids -> new params
         self.changed = False
+        self.unchecked = 0  # depth of shard_map(check_vma=False) bodies being visited
 
     def region(self, region: Region) -> None:
         if id(region) in self.done:
@@ -113,19 +114,24 @@ class _Rewriter:
             # Post-order: rules inside this equation's regions (a fwd that calls
             # the custom function itself, a bwd that uses one) are rewritten before
             # this equation's own rule is built from those regions.
+            unchecked = jx.unchecked_replication(eqn.prim.name, eqn.params)
+            self.unchecked += unchecked
             for _, _, sub in eqn.regions():
                 # Rules rebuilt inside a shard_map body are traced in its context:
                 # their tangents keep the manual axes their primals vary over.
                 with jx.region_trace_context(eqn.prim.name, eqn.params):
                     self.region(sub)
+            self.unchecked -= unchecked
             if eqn.prim.name == "custom_vjp_call":
                 self.rewrite(region, eqn)
 
     def _build(self, p: dict, mode: str, refusal: str | None = None) -> dict | None:
+        options = dict(untransposable=mode, refusal=refusal,
+                       untyped_collectives=bool(self.unchecked))
         if self.options.on_failure == "raise":
-            return build_jvp_params(p, untransposable=mode, refusal=refusal)
+            return build_jvp_params(p, **options)
         try:
-            return build_jvp_params(p, untransposable=mode, refusal=refusal)
+            return build_jvp_params(p, **options)
         except NotTransposableError:
             raise
         except Exception as e:  # noqa: BLE001 -- keep the user's rule, say why
@@ -190,9 +196,22 @@ class _Rewriter:
         self.changed = True
 
 
+def _refuse_untyped_collectives(p: dict) -> None:
+    """Inside shard_map(check_vma=False) a collective in bwd has no replication types,
+    so its transpose (the tangent map) would be JAX's guess (psum transposed to psum
+    multiplies a replicated value's tangent by the axis size): not transposed."""
+    for _, eqn in p["bwd_jaxpr"].walk():
+        if eqn.prim.name in jx.REPLICATION_DEPENDENT_COLLECTIVES:
+            raise NotTransposableError(
+                f"{_describe(p)}: its bwd uses {eqn.prim.name} inside "
+                f"shard_map(check_vma=False), where JAX does not track which values are "
+                f"replicated, so its transpose is unknown (use check_vma=True)",
+                None, f"{eqn.prim.name} without varying-axes types")
+
+
 # ---------------------------------------------------------------- building
 def build_jvp_params(p: dict, *, untransposable: str = "error",
-                     refusal: str | None = None) -> dict:
+                     refusal: str | None = None, untyped_collectives: bool = False) -> dict:
     """First-order ``custom_jvp_call`` params equivalent to the vjp rule ``p``.
 
     Raises NotTransposableError when bwd is not linear in its cotangent, unless
@@ -201,6 +220,8 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
     ``refusal`` is given (``untransposable='reverse-only'``): then the tangent map
     raises a one-line error naming the rule and ``refusal`` (why bwd is not
     linear) when forward mode evaluates it, and reverse mode runs bwd.
+    ``untyped_collectives``: the rule is inside shard_map(check_vma=False), where a
+    bwd with a collective is not transposed (see ``_refuse_untyped_collectives``).
     """
     what = f"the bwd of {_describe(p)}"
     call = region_to_closed_jaxpr(p["call_jaxpr"])
@@ -219,6 +240,8 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
     transposed = None
     if n_ct and bwd.out_avals:
         try:
+            if untyped_collectives:
+                _refuse_untyped_collectives(p)
             transposed = transpose_linear(bwd, [False] * (nc + nr) + [True] * n_ct, what=what,
                                           linear_name="its cotangent")
         except NotTransposableError:
