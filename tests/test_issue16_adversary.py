@@ -1,0 +1,179 @@
+"""Issue 16 adversary reproducers: passes and backends must not change the answer.
+
+Each test is one reproducer, checked against JAX itself (values, jvp) or, where
+JAX refuses (reverse mode through a while_loop), against JAX's own forward-mode
+number or an analytic reference.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jaxpr_cc
+from jaxpr_cc.passes.manager import PassManager, run_passes
+
+
+def _exec_module(source: str) -> dict:
+    namespace: dict = {}
+    exec(compile(source, "<emitted>", "exec"), namespace)
+    return namespace
+
+
+# ------------------------------------------------------------- implicit-diff
+def steps_shrink_without_fixed_point(th):
+    """x <- x + th / x: the steps get small (|dx| = th / x < 1e-3), but there is
+    no fixed point."""
+    def keep_going(s):
+        x, xp = s
+        return jnp.abs(x - xp) > 1e-3
+
+    def step(s):
+        x, _ = s
+        return x + th / x, x
+
+    return lax.while_loop(keep_going, step, (jnp.float32(1.0), jnp.float32(1e9)))[0]
+
+
+def loose_tolerance(th):
+    """x <- x/2 + th with tolerance 0.5: stops at 1.5 for th=1, the fixed point is 2."""
+    def keep_going(s):
+        x, xp = s
+        return jnp.abs(x - xp) > 0.5
+
+    def step(s):
+        x, _ = s
+        return 0.5 * x + th, x
+
+    return lax.while_loop(keep_going, step, (jnp.float32(0.0), jnp.float32(1e9)))[0]
+
+
+def test_no_fixed_point_keeps_the_loops_derivative():
+    th = jnp.float32(1.0)
+    new = run_passes(jaxpr_cc.trace(steps_shrink_without_fixed_point, th), "implicit-diff")
+    want = jax.jvp(steps_shrink_without_fixed_point, (th,), (jnp.float32(1.0),))[1]
+    got = jax.jvp(new, (th,), (jnp.float32(1.0),))[1]
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-4)
+    # JAX cannot reverse-differentiate the loop; the scalar gradient is the jvp.
+    np.testing.assert_allclose(float(jax.grad(new)(th)), float(want), rtol=1e-4)
+
+
+def test_loose_tolerance_keeps_the_loops_derivative():
+    th = jnp.float32(1.0)
+    new = run_passes(jaxpr_cc.trace(loose_tolerance, th), "implicit-diff")
+    assert float(new(th)) == float(loose_tolerance(th)) == 1.5
+    want = jax.jvp(loose_tolerance, (th,), (jnp.float32(1.0),))[1]
+    assert float(want) == 1.5  # the loop's derivative, not the fixed point's (2)
+    np.testing.assert_allclose(float(jax.jvp(new, (th,), (jnp.float32(1.0),))[1]), 1.5,
+                               rtol=1e-6)
+    np.testing.assert_allclose(float(jax.grad(new)(th)), 1.5, rtol=1e-6)
+
+
+def test_tight_tolerance_still_uses_the_implicit_derivative():
+    """The same loop with a tight tolerance is at its fixed point: the derivative
+    is the fixed point's, 2 (the loop's own differs from it by ~1e-6)."""
+    def tight(th):
+        def keep_going(s):
+            x, xp = s
+            return jnp.abs(x - xp) > 1e-6
+
+        def step(s):
+            x, _ = s
+            return 0.5 * x + th, x
+
+        return lax.while_loop(keep_going, step, (jnp.float32(0.0), jnp.float32(1e9)))[0]
+
+    th = jnp.float32(1.0)
+    new = run_passes(jaxpr_cc.trace(tight, th), "implicit-diff")
+    np.testing.assert_allclose(float(jax.grad(new)(th)), 2.0, rtol=1e-6)
+    np.testing.assert_allclose(float(jax.jvp(tight, (th,), (jnp.float32(1.0),))[1]), 2.0,
+                               rtol=1e-5)
+
+
+def vmapped_fixed_point(th):
+    def one(t):
+        def keep_going(s):
+            x, xp = s
+            return jnp.abs(x - xp) > 1e-6
+
+        def step(s):
+            x, _ = s
+            return jnp.cos(x) * t, x
+
+        return lax.while_loop(keep_going, step, (jnp.float32(0.5), jnp.float32(1e9)))[0]
+    return jax.vmap(one)(th)
+
+
+def test_vmapped_fixed_point_loop():
+    """The vmapped loop has a batched exit test; each element is its own fixed
+    point x = t cos x, dx/dt = cos x / (1 + t sin x)."""
+    th = jnp.array([0.3, 0.7, 0.9], jnp.float32)
+    pm = PassManager("implicit-diff")
+    new = pm.run(jaxpr_cc.trace(vmapped_fixed_point, th))
+    assert dict(pm.statistics)["implicit-diff"] == {"loops-rewritten": 1}
+    np.testing.assert_array_equal(np.asarray(new(th)), np.asarray(vmapped_fixed_point(th)))
+    x = np.asarray(vmapped_fixed_point(th), np.float64)
+    t = np.asarray(th, np.float64)
+    exact = np.cos(x) / (1.0 + t * np.sin(x))
+    got_fwd = jax.jvp(new, (th,), (jnp.ones(3),))[1]
+    got_rev = jax.grad(lambda t: jnp.sum(new(t)))(th)
+    np.testing.assert_allclose(np.asarray(got_fwd), exact, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_rev), exact, rtol=1e-5)
+    want = jax.jvp(vmapped_fixed_point, (th,), (jnp.ones(3),))[1]  # JAX, through iterations
+    np.testing.assert_allclose(np.asarray(got_fwd), np.asarray(want), rtol=1e-4)
+
+
+def complex_iterate(t):
+    def keep_going(s):
+        x, xp = s
+        return jnp.abs(x - xp) > 1e-6
+
+    def step(s):
+        x, _ = s
+        return 0.5 * x * (0.3 + 0.4j) + t, x
+
+    return jnp.real(lax.while_loop(keep_going, step,
+                                   (jnp.complex64(0), jnp.complex64(1e9)))[0])
+
+
+def test_complex_iterate_is_left_alone_with_a_reason():
+    t = jnp.float32(0.7)
+    pm = PassManager("implicit-diff")
+    new = pm.run(jaxpr_cc.trace(complex_iterate, t))
+    stats = dict(pm.statistics)["implicit-diff"]
+    assert stats.get("loops-skipped") == 1
+    assert any("complex" in key for key in stats), stats
+    want = jax.jvp(complex_iterate, (t,), (jnp.float32(1.0),))[1]
+    np.testing.assert_allclose(float(jax.jvp(new, (t,), (jnp.float32(1.0),))[1]), float(want),
+                               rtol=1e-6)
+
+
+def tanh_fixed_point(th):
+    def keep_going(s):
+        x, xp = s
+        return jnp.max(jnp.abs(x - xp)) > 1e-6
+
+    def step(s):
+        x, _ = s
+        return jnp.tanh(0.5 * x[::-1] + th), x
+
+    return lax.while_loop(keep_going, step, (jnp.zeros(3), jnp.full(3, 1e9)))[0]
+
+
+def test_implicit_diff_output_saves_and_emits(tmp_path):
+    """The rules implicit-diff builds are first-order: save/load and emit_python
+    work without a later closure-convert, and give the same gradient."""
+    th = jnp.array([0.1, 0.2, -0.3], jnp.float32)
+    new = run_passes(jaxpr_cc.trace(tanh_fixed_point, th), "implicit-diff")
+    want = jax.jacfwd(lambda t: jnp.sum(tanh_fixed_point(t)))(th)  # JAX, forward mode
+    got = jax.grad(lambda t: jnp.sum(new(t)))(th)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4)
+    path = tmp_path / "implicit.jaxprcc"
+    jaxpr_cc.save(new, str(path))
+    loaded = jaxpr_cc.load(str(path))
+    np.testing.assert_allclose(np.asarray(jax.grad(lambda t: jnp.sum(loaded(t)))(th)),
+                               np.asarray(got), rtol=1e-6)
+    emitted = _exec_module(jaxpr_cc.emit_python(new))[new.name]
+    np.testing.assert_allclose(np.asarray(jax.grad(lambda t: jnp.sum(emitted(t)))(th)),
+                               np.asarray(got), rtol=1e-6)
