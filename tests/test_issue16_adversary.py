@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
 import jaxpr_cc
@@ -177,3 +178,63 @@ def test_implicit_diff_output_saves_and_emits(tmp_path):
     emitted = _exec_module(jaxpr_cc.emit_python(new))[new.name]
     np.testing.assert_allclose(np.asarray(jax.grad(lambda t: jnp.sum(emitted(t)))(th)),
                                np.asarray(got), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ donation
+def _donated_flags(program) -> list[tuple]:
+    return [eqn.params["donated_invars"] for region in program.body.regions()
+            for eqn in region.equations if "donated_invars" in eqn.params]
+
+
+def donate_a_copy_of_the_input(x):
+    return jax.jit(lambda a: a * 2, donate_argnums=0)(x * 1.0) + x
+
+
+def donate_then_recompute(x):
+    a = x * 2.0
+    b = jax.jit(lambda v: v + 1.0, donate_argnums=0)(a)
+    c = x * 2.0  # the same expression as `a`, computed after `a` was donated
+    return b + c
+
+
+def donate_only_use_of_a_copy(x):
+    return jax.jit(lambda a: a * 2, donate_argnums=0)(x * 1.0)
+
+
+def donate_fresh_value(x):
+    return jax.jit(lambda a: a * 2, donate_argnums=0)(jnp.sin(x)) + x
+
+
+
+@pytest.mark.parametrize("fun", [donate_a_copy_of_the_input, donate_then_recompute,
+                                 donate_only_use_of_a_copy])
+@pytest.mark.parametrize("pipeline", ["simplify", "canonicalize", "copy-propagation", "cse",
+                                      "closure-convert,hoist-consts,cse,dce",
+                                      jaxpr_cc.DEFAULT_PIPELINE])
+def test_passes_never_donate_a_value_still_read(fun, pipeline):
+    x = jnp.array([0.1, 1.0, -2.0], jnp.float32)
+    want = fun(jnp.array(x))  # JAX, eagerly (the inner jit donates for real)
+    new = run_passes(jaxpr_cc.trace(fun, x), pipeline)
+    arg = jnp.array(x)
+    np.testing.assert_array_equal(np.asarray(new(arg)), np.asarray(want))
+    assert not arg.is_deleted()  # the caller's array is not donated
+    np.testing.assert_array_equal(np.asarray(arg), np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(new(arg)), np.asarray(want))  # callable twice
+
+
+def test_a_safe_donation_is_kept():
+    x = jnp.array([0.1, 1.0, -2.0], jnp.float32)
+    pm = PassManager("canonicalize,cse")
+    new = pm.run(jaxpr_cc.trace(donate_fresh_value, x))
+    assert _donated_flags(new) == [(True,)]
+    assert all("donations-dropped" not in k for _, s in pm.statistics for k in s)
+    np.testing.assert_array_equal(np.asarray(new(x)), np.asarray(donate_fresh_value(x)))
+
+
+def test_dropped_donations_are_counted():
+    x = jnp.array([0.1, 1.0, -2.0], jnp.float32)
+    pm = PassManager("canonicalize")
+    new = pm.run(jaxpr_cc.trace(donate_a_copy_of_the_input, x))
+    assert _donated_flags(new) == [(False,)]
+    stats = dict(pm.statistics)["canonicalize"]
+    assert stats["donations-dropped (the donated value is read elsewhere)"] == 1
