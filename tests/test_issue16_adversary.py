@@ -238,3 +238,40 @@ def test_dropped_donations_are_counted():
     assert _donated_flags(new) == [(False,)]
     stats = dict(pm.statistics)["canonicalize"]
     assert stats["donations-dropped (the donated value is read elsewhere)"] == 1
+
+
+# ------------------------------------------------------ device_put emission
+_DEVICE = jax.devices()[0]
+DEVICE_PUTS = {
+    "device": lambda x: jax.device_put(x, _DEVICE) * 2.0,
+    "single_device_sharding":
+        lambda x: jax.device_put(x, jax.sharding.SingleDeviceSharding(_DEVICE)) * 2.0,
+    "several_operands": lambda x: sum(jax.device_put((x, x + 1), _DEVICE)),
+    "with_src": lambda x: jax.device_put(x, _DEVICE, src=_DEVICE) * 3.0,
+    "donated_copy": lambda x: jax.device_put(x * 1.0, _DEVICE, donate=True),
+}
+
+
+def _device_put_params(fun, x):
+    return [e.params for e in jax.make_jaxpr(fun)(x).eqns if e.primitive.name == "device_put"]
+
+
+@pytest.mark.parametrize("key", sorted(DEVICE_PUTS))
+def test_device_put_with_a_device_emits(key):
+    fun = DEVICE_PUTS[key]
+    x = jnp.arange(3.0, dtype=jnp.float32)
+    program = jaxpr_cc.trace(fun, x)
+    source = jaxpr_cc.emit_python(program)
+    namespace = _exec_module(source)
+    emitted = namespace[program.name]
+    np.testing.assert_array_equal(np.asarray(emitted(x)), np.asarray(fun(x)))
+    # The emitted call stages the same device_put as the original function.
+    assert _device_put_params(emitted, x) == _device_put_params(fun, x)
+
+
+def test_emitted_device_lookup_fails_clearly_without_the_device():
+    program = jaxpr_cc.trace(DEVICE_PUTS["device"], jnp.arange(3.0, dtype=jnp.float32))
+    namespace = _exec_module(jaxpr_cc.emit_python(program))
+    with pytest.raises(RuntimeError, match="places a value on cpu device 9999, which this "
+                                           "process does not have"):
+        namespace["_device"]("cpu", 9999)
