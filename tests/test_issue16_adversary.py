@@ -275,3 +275,23 @@ def test_emitted_device_lookup_fails_clearly_without_the_device():
     with pytest.raises(RuntimeError, match="places a value on cpu device 9999, which this "
                                            "process does not have"):
         namespace["_device"]("cpu", 9999)
+
+
+# ------------------------------------------------------------- constant-fold
+def kernel_rounded_constants(x):
+    # expm1(1e-7): XLA's compile-time evaluator and its CPU kernel differ by an ulp
+    return x + jnp.log1p(jnp.float32(1e-7)) * 1e7 + jnp.expm1(jnp.float32(1e-7)) * 1e7
+
+
+def test_constant_fold_changes_neither_a_jitted_nor_an_op_by_op_run():
+    x = jnp.array([0.3, -1.2, 2.0], jnp.float32)
+    program = jaxpr_cc.trace(kernel_rounded_constants, x)
+    pm = PassManager("constant-fold")
+    out = pm.run(program)
+    stats = dict(pm.statistics)["constant-fold"]
+    assert stats["not-folded (jitted and op-by-op runs differ)"] >= 1
+    assert stats["literals-created"] >= 1  # log1p(1e-7) * 1e7 agrees and is folded
+    np.testing.assert_array_equal(np.asarray(out(x)), np.asarray(program(x)))
+    np.testing.assert_array_equal(np.asarray(out(x)), np.asarray(kernel_rounded_constants(x)))
+    np.testing.assert_array_equal(np.asarray(jax.jit(out)(x)),
+                                  np.asarray(jax.jit(kernel_rounded_constants)(x)))
