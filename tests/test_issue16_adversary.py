@@ -295,3 +295,72 @@ def test_constant_fold_changes_neither_a_jitted_nor_an_op_by_op_run():
     np.testing.assert_array_equal(np.asarray(out(x)), np.asarray(kernel_rounded_constants(x)))
     np.testing.assert_array_equal(np.asarray(jax.jit(out)(x)),
                                   np.asarray(jax.jit(kernel_rounded_constants)(x)))
+
+
+# ------------------------------------------------------------- hoist-consts
+@jax.custom_jvp
+def _self_calling(x):
+    return jnp.sin(x)
+
+
+_self_calling.defjvp(lambda p, t: (_self_calling(p[0]), 3.0 * t[0]))
+
+
+def test_hoist_literals_on_a_self_calling_custom_jvp():
+    x = jnp.array([0.3, -1.2, 2.0], jnp.float32)
+    out = run_passes(jaxpr_cc.trace(_self_calling, x), "hoist-consts{literals=true}")
+    ones = jnp.ones(3, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(out(x)), np.asarray(_self_calling(x)))
+    np.testing.assert_array_equal(np.asarray(jax.jvp(out, (x,), (ones,))[1]),
+                                  np.asarray(jax.jvp(_self_calling, (x,), (ones,))[1]))
+    np.testing.assert_array_equal(np.asarray(jax.grad(lambda v: out(v).sum())(x)),
+                                  np.asarray(jax.grad(lambda v: _self_calling(v).sum())(x)))
+
+
+# ---------------------------------------- rules that re-enter a jitted caller
+@jax.custom_jvp
+def _log_rule(x):
+    return jnp.log(x)
+
+
+@jax.jit
+def _jitted_log(x):
+    return _log_rule(x)
+
+
+@_log_rule.defjvp
+def _log_rule_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    y = _jitted_log(x)  # calls the jitted function the rule is called from
+    return y, dx / jnp.exp(y)
+
+
+def test_rule_calling_its_jitted_caller():
+    def f(x):
+        return jnp.sum(_jitted_log(x) ** 2)
+
+    x = jnp.array([1.5, 2.0], jnp.float32)
+    program = jaxpr_cc.trace(f, x)
+    assert program.is_first_order()
+    np.testing.assert_allclose(np.asarray(jax.grad(program)(x)), np.asarray(jax.grad(f)(x)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.hessian(program)(x)),
+                               np.asarray(jax.hessian(f)(x)), rtol=1e-6)
+
+
+def test_slogdet_differentiates_after_tracing(tmp_path):
+    x = jnp.array([[0.5, -1.0, 2.0], [0.3, 0.2, -0.7], [1.1, 0.4, 0.9]], jnp.float32)
+
+    def f(m):
+        return jnp.linalg.slogdet(m)[1]
+
+    program = jaxpr_cc.trace(f, x)
+    assert program.is_first_order()
+    np.testing.assert_allclose(np.asarray(jax.grad(program)(x)), np.asarray(jax.grad(f)(x)),
+                               rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.hessian(program)(x)),
+                               np.asarray(jax.hessian(f)(x)), rtol=1e-4, atol=1e-6)
+    path = tmp_path / "slogdet.jaxprcc"
+    jaxpr_cc.save(program, str(path))
+    np.testing.assert_allclose(np.asarray(jax.grad(jaxpr_cc.load(str(path)))(x)),
+                               np.asarray(jax.grad(f)(x)), rtol=1e-5)
