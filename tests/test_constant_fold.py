@@ -1,6 +1,6 @@
 """``constant-fold``: what folds (printed IR, counts), into what form, what never
 folds, and that folded values are bit for bit what ``jax.jit`` of the original
-function computes."""
+function computes and what a run of it op by op computes."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,22 +59,36 @@ def test_scalar_chains_become_literals():
     check_values(out, f, X)
 
 
-def test_folded_arrays_equal_the_jitted_original_bit_for_bit():
+def test_arrays_the_kernels_compute_differently_stay_computed():
     # XLA folds constant subexpressions with its own evaluator, which rounds
-    # transcendental functions differently from its CPU kernels: the folded
-    # constant must be what the jitted original uses, not an op-by-op result.
+    # transcendental functions differently from its CPU kernels: a jitted run of
+    # the original uses the evaluator's values, a run op by op (Program.__call__)
+    # the kernels'.  No folded constant leaves both unchanged, so none is made.
     def f(x):
         return x[0] + jnp.tanh(jnp.sin(ARG) * 1.5) * jnp.exp(jnp.asarray(ARG) / 8.0)
 
+    kernel = jax.jit(lambda a: jnp.tanh(jnp.sin(a) * 1.5) * jnp.exp(a / 8.0))(ARG)
+    evaluator = jax.jit(lambda: jnp.tanh(jnp.sin(ARG) * 1.5) * jnp.exp(jnp.asarray(ARG) / 8.0))()
+    assert (bits(kernel) != bits(evaluator)).any()  # the premise
     program = jaxpr_cc.trace(f, X)
     out, stats = fold(program)
-    assert stats["constants-created"] == 1 and stats["equations-folded"] == 6
-    assert [e.prim.name for e in out.body.equations] == ["slice", "squeeze", "add"]
+    assert [e.prim.name for e in out.body.equations].count("tanh") == 1  # left computed
+    assert stats["not-folded (jitted and op-by-op runs differ)"] >= 1
     check_values(out, f, X)
-    # the check above can fail: the same functions run as kernels differ
-    kernel = jax.jit(lambda a: jnp.tanh(jnp.sin(a) * 1.5) * jnp.exp(a / 8.0))(ARG)
-    (const,) = out.body.consts
-    assert (bits(kernel) != bits(const)).any()
+    for a, b in zip(jax.tree_util.tree_leaves(out(X)), jax.tree_util.tree_leaves(program(X))):
+        np.testing.assert_array_equal(bits(a), bits(b))
+
+
+def test_arrays_both_runs_agree_on_are_folded():
+    def f(x):
+        return x[0] + jnp.asarray(ARG) * 1.5 - jnp.float32(2.0)
+
+    program = jaxpr_cc.trace(f, X)
+    out, stats = fold(program)
+    assert stats["constants-created"] == 1
+    check_values(out, f, X)
+    for a, b in zip(jax.tree_util.tree_leaves(out(X)), jax.tree_util.tree_leaves(program(X))):
+        np.testing.assert_array_equal(bits(a), bits(b))
 
 
 def test_arrays_of_one_value_become_splats():

@@ -12,7 +12,7 @@ import re
 
 # Names the emitted module binds at top level (imports and helpers).
 MODULE_RESERVED = frozenset({
-    "jax", "jnp", "lax", "np", "P", "_CONSTS", "_bind", "_primitive", "_mesh",
+    "jax", "jnp", "lax", "np", "P", "_CONSTS", "_bind", "_primitive", "_mesh", "_device",
     "_import_callable", "_SIDECAR", "_HERE", "os", "sys", "collections", "importlib",
 })
 

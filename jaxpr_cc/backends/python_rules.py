@@ -275,8 +275,7 @@ def _random_seed(ctx, eqn):
 @rule("device_put")
 def _device_put(ctx, eqn):
     p = eqn.params
-    if set(p) != {"devices", "srcs", "copy_semantics"} or any(
-            d is not None for d in (*p["devices"], *p["srcs"])):
+    if set(p) != {"devices", "srcs", "copy_semantics"}:
         return None
     kinds = {c.name for c in p["copy_semantics"]}
     if len(kinds) != 1:
@@ -287,9 +286,56 @@ def _device_put(ctx, eqn):
     if flags is None:
         return None
     ins = list(ctx.ins)
-    if len(ins) == 1:
-        return Call("jax.device_put", ins, flags)
-    return Call("jax.device_put", ["(" + ", ".join(ins) + ")"], flags, multiple=True)
+    devices = _placements_source(ctx, p["devices"])
+    srcs = _placements_source(ctx, p["srcs"])
+    if devices is False or srcs is False:
+        return None
+    args = [ins[0] if len(ins) == 1 else "(" + ", ".join(ins) + ")"]
+    if devices is not None:
+        args.append(devices)
+    if srcs is not None:
+        flags = [("src", srcs), *flags]
+    return Call("jax.device_put", args, flags, multiple=len(ins) != 1)
+
+
+def _placements_source(ctx, placements) -> str | None | bool:
+    """device_put's ``device``/``src`` argument for one placement per operand:
+    None when every one is None (the argument is left out), False when it has no
+    spelling (a mix of None and placements: jax.device_put takes a pytree prefix,
+    in which None is an empty subtree)."""
+    if all(d is None for d in placements):
+        return None
+    if any(d is None for d in placements):
+        return False
+    spelled = []
+    for d in placements:
+        text = _placement_source(ctx, d)
+        if text is None:
+            return False
+        spelled.append(text)
+    return spelled[0] if len(spelled) == 1 else "(" + ", ".join(spelled) + ")"
+
+
+def _placement_source(ctx, placement) -> str | None:
+    """A device as ``_device(platform, id)``, found again in ``jax.devices()`` when
+    the module runs (a Device object has no source form); a single-device
+    sharding around it; any other placement (a NamedSharding, a memory space) as
+    its parameter spelling; None when it has none."""
+    import jax
+
+    from .python_spelling import SpellingError
+    from .python_text import PythonEmitError
+    if isinstance(placement, jax.Device):
+        ctx.emitter.use_helper("_device")
+        return f"_device({placement.platform!r}, {int(placement.id)})"
+    if isinstance(placement, jax.sharding.SingleDeviceSharding):
+        (device,) = placement.device_set
+        return (f"jax.sharding.SingleDeviceSharding({_placement_source(ctx, device)}, "
+                f"memory_kind={placement.memory_kind!r})")
+    try:
+        return ctx.param(placement)
+    except (SpellingError, PythonEmitError):
+        return None
 
 
 @rule("random_unwrap")

@@ -485,7 +485,7 @@ class _ModuleEmitter:
 
     def _note_helpers(self, src: str) -> None:
         """Define the helpers the spelling ``src`` calls."""
-        for call, helper in (("_mesh(", "_mesh"), ("_prng_impl(", "_prng_impl"),
+        for call, helper in (("_mesh(", "_mesh"), ("_device(", "_device"), ("_prng_impl(", "_prng_impl"),
                              ("_copy_semantics(", "_copy_semantics"), ("_primitive(", "_bind"),
                              ("_import_callable(", "_import_callable"),
                              ("_treedef(", "_treedef"),

@@ -54,6 +54,19 @@ def _mesh(shape, axis_names, device_ids, axis_types):
     devices = np.array([by_id[i] for i in device_ids], dtype=object).reshape(shape)
     return jax.sharding.Mesh(devices, axis_names, axis_types=axis_types)
 ''',
+    "_device": '''
+def _device(platform, device_id):
+    """The device the program was traced with, by platform and id in this process."""
+    try:
+        found = {device.id: device for device in jax.devices(platform)}
+    except RuntimeError:
+        found = {}
+    if device_id not in found:
+        raise RuntimeError(f"this program places a value on {platform} device {device_id}, "
+                           f"which this process does not have (it has: {jax.devices()}); "
+                           f"run it where that device exists")
+    return found[device_id]
+''',
     "_import_callable": '''
 def _import_callable(module_name, qualname, path):
     """A Python function the program calls back into: by module name, else from its file."""
@@ -74,7 +87,7 @@ def _import_callable(module_name, qualname, path):
     return target
 ''',
 }
-HELPER_IMPORTS = {"_bind": ("sys",), "_mesh": (), "_dense": (), "_import_callable": ("importlib", "sys")}
+HELPER_IMPORTS = {"_bind": ("sys",), "_mesh": (), "_device": (), "_dense": (), "_import_callable": ("importlib", "sys")}
 
 
 def stmt(code: str) -> cst.BaseStatement:

@@ -78,7 +78,10 @@ class TraceSession:
         args = jx.resolve_kwargs(cvjp.fun, args, kwargs)
         if jx.evaluated_eagerly(args) or self._jax_can_run_rules(cvjp, args):
             return _originals["vjp"](cvjp, *args)
-        return self._call_custom("vjp", cvjp, list(args), self._materialize_vjp)
+        try:
+            return self._call_custom("vjp", cvjp, list(args), self._materialize_vjp)
+        except _JitReentry:
+            return _originals["vjp"](cvjp, *args)
 
     def _jax_can_run_rules(self, custom, args) -> bool:
         """Under an AD transformation applied inside the traced function, JAX runs
@@ -232,6 +235,8 @@ class TraceSession:
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
+                if _is_jit_reentry(e):
+                    raise _JitReentry() from e
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("vjp", cvjp.fwd, e)), 0)
             return _Traced(f_jaxpr, f_consts, b_jaxpr, b_consts, num_res)
@@ -317,7 +322,10 @@ class TraceSession:
         # As JAX does: no derivative flows through non-differentiable arguments.
         args = [tree_util.tree_map(_stop_gradient_arrays, a) if i in nondiff else a
                 for i, a in enumerate(args)]
-        return self._call_custom("jvp", cjvp, args, self._materialize_jvp)
+        try:
+            return self._call_custom("jvp", cjvp, args, self._materialize_jvp)
+        except _JitReentry:
+            return _originals["jvp"](cjvp, *args)
 
     def _materialize_jvp(self, cjvp, static, nondiff, in_tree, avals, n_args, perturbed, key,
                          refuse=None):
@@ -339,6 +347,8 @@ class TraceSession:
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
+                if _is_jit_reentry(e):
+                    raise _JitReentry() from e
                 return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("jvp", cjvp.jvp, e)))
 
@@ -542,6 +552,24 @@ def _unperturbed_vjp(p_jaxpr, p_consts, avals, out_avals):
     b_jaxpr, b_consts, _ = jx.trace_flat(bwd, [a for a in out_avals if is_inexact(a)],
                                          "custom_vjp bwd")
     return f_jaxpr, f_consts, b_jaxpr, b_consts
+
+
+class _JitReentry(Exception):
+    """A rule calls a ``jax.jit`` function whose trace is in progress: the custom
+    function is called inside that jitted function, and its rule calls it again
+    (``jnp.linalg.slogdet``: its jvp calls ``slogdet``).  JAX traces the rule only
+    when differentiating, after that trace has ended; tracing it now makes
+    ``jax.jit`` refuse the re-entry.  The call is then staged in JAX's form and
+    materialized when the trace has ended (``convert_program``, which
+    ``jaxpr_cc.trace`` runs on what is left in JAX's form)."""
+
+
+def _is_jit_reentry(error: BaseException) -> bool:
+    while error is not None:
+        if isinstance(error, RecursionError) and str(error).startswith("Recursively calling"):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _rule_error(kind: str, fn, error: BaseException) -> str:

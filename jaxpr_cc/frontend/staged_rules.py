@@ -82,19 +82,35 @@ _RULE_CALLABLE = {"custom_jvp_call": "jvp_jaxpr_fun", "custom_vjp_call": "bwd"}
 
 def _recursion_key(eqn: Equation, keys: KeyMaker):
     """Equal for two JAX-form equations staged from the same rule of ours by the same
-    transformation: same rule, primal body, operand types and flags.  None for rules
-    that are not ours (their callables may close over other values)."""
+    transformation, or holding the same staged rule callable: same rule, primal
+    body, operand types and flags.  None for equations with no rule callable."""
     name = eqn.prim.name
     attr = _RULE_CALLABLE.get(name)
     if attr is None:
         return None
     p = eqn.params
     root = jx.find_tagged_function(p[attr], "_jaxpr_cc_rule")
-    if root is None:
-        return None
-    return (name, root._jaxpr_cc_rule, keys.region(p["call_jaxpr"]),
+    # Not ours: the very same staged callable (a jitted function's cached jaxpr met
+    # again inside the rule it holds, as jnp.linalg.slogdet's jvp calls slogdet) is
+    # the same rule; another callable may close over other values.
+    rule = root._jaxpr_cc_rule if root is not None else _Same(p[attr])
+    return (name, rule, keys.region(p["call_jaxpr"]),
             tuple(a.aval for a in eqn.inputs), tuple(v.aval for v in eqn.outputs),
             p["num_consts"], bool(p.get("symbolic_zeros", False)))
+
+
+class _Same:
+    """Equal only to a wrapper of the same object (which it keeps alive)."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _Same) and other.obj is self.obj
 
 
 def _call_converted(region: Region, eqn: Equation, params: dict, extra: list) -> None:

@@ -181,7 +181,15 @@ def evaluate(eqns: Iterable[Equation], known: dict[Value, Any], wanted: Iterable
     """Evaluate ``eqns`` (in order; every operand is a literal, a key of ``known`` or a
     result of an earlier one) under ``jax.jit`` with the known values embedded as
     constants, so XLA treats them as it does in the whole program; returns the
-    values of ``wanted`` as host arrays."""
+    values of ``wanted`` as host arrays, None for each value that a program run
+    op by op (``Program.__call__``: XLA's kernels, operands passed as arguments)
+    computes with other bits.
+
+    The two differ by an ulp where XLA's compile-time evaluator rounds a
+    transcendental function differently from its CPU kernel (``expm1(1e-7)``) or
+    keeps a denormal the kernel flushes: such a value has no single folded form
+    that leaves both a jitted and an op-by-op run unchanged, so it stays computed.
+    Integer-only evaluations are exact and are not evaluated twice."""
     scratch = Region(closed=True)
     env: dict[Value, Value] = {}
     for eqn in eqns:
@@ -210,8 +218,17 @@ def evaluate(eqns: Iterable[Equation], known: dict[Value, Any], wanted: Iterable
     closed = region_to_closed_jaxpr(scratch)
     jaxpr, consts = closed.jaxpr, closed.consts
     values = [np.asarray(v) for v in jax.jit(lambda: eval_jaxpr(jaxpr, consts))()]
+    if any(_inexact_values(eqn) for eqn in scratch.equations):
+        op_by_op = [np.asarray(v) for v in eval_jaxpr(jaxpr, consts)]
+        values = [v if same_bits(v, w) else None for v, w in zip(values, op_by_op)]
     _remember(key, values)
     return values
+
+
+def _inexact_values(eqn: Equation) -> bool:
+    return any(np.issubdtype(np.dtype(v.aval.dtype), np.inexact)
+               for v in [*eqn.inputs, *eqn.outputs]
+               if not isinstance(v.aval.dtype, ExtendedDType))
 
 
 # Results of ``evaluate`` by the structural key of what was evaluated (least
@@ -222,14 +239,14 @@ _EVALUATED_LIMIT = 64 << 20
 
 
 def _remember(key: tuple, values: list) -> None:
-    size = sum(int(v.nbytes) for v in values)
+    size = sum(int(v.nbytes) for v in values if v is not None)
     if size > _EVALUATED_LIMIT // 8:
         return
     _EVALUATED[key] = tuple(values)
     _EVALUATED_BYTES[0] += size
     while _EVALUATED_BYTES[0] > _EVALUATED_LIMIT:
         _, old = _EVALUATED.popitem(last=False)
-        _EVALUATED_BYTES[0] -= sum(int(v.nbytes) for v in old)
+        _EVALUATED_BYTES[0] -= sum(int(v.nbytes) for v in old if v is not None)
 
 
 # --------------------------------------------------------------------------- what folds
@@ -456,6 +473,10 @@ class _Folder:
             values = dict(zip(wanted, evaluate(batch, known, wanted)))
         except Exception:  # noqa: BLE001 -- one equation JAX cannot evaluate alone
             values = self.evaluate_one_by_one(batch, known, set(wanted))
+        differing = [o for o, v in values.items() if v is None]
+        if differing:
+            self.count("not-folded (jitted and op-by-op runs differ)", len(differing))
+            values = {o: v for o, v in values.items() if v is not None}
         # Last first: a result only folded equations read is then no longer read,
         # and is not materialized.
         placed = False
@@ -503,6 +524,8 @@ class _Folder:
                 self.count("evaluation-failures")
                 continue
             for o, r in zip(eqn.outputs, results):
+                if r is None:  # jitted and op-by-op runs differ: left computed
+                    continue
                 values[o] = r
                 if o in wanted:
                     out[o] = r

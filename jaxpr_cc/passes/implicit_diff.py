@@ -26,6 +26,15 @@ them); a "previous iterate" carry, equal to ``x*`` at convergence, has ``x*``'s
 tangent; a carried convergence gap is zero at the fixed point and has a zero
 tangent.
 
+The implicit derivative is used only where it is the loop's: at run time the
+final iterate must be a fixed point (the Newton distance to it within
+``FIXED_POINT_RTOL`` of its scale; a small last step alone is not enough).
+Otherwise the derivative is the loop's own: forward mode through its
+iterations as JAX computes it, and in reverse mode (where JAX refuses) the same
+numbers from a dense forward-mode Jacobian, or NaN cotangents when the operands
+exceed ``fallback-max-size`` -- never the implicit derivative.  Loops with
+complex values are left alone (the solve assumes a real Jacobian).
+
 Every other loop -- explicit time stepping ``while t < T``, growth loops
 ``while x < 10``, counted loops -- is left alone, and the pass statistics list
 each with the reason.
@@ -112,8 +121,9 @@ class ImplicitDiff(Pass):
             if selected is not None and position not in selected:
                 ctx.count("loops-not-selected")
                 continue
-            match = match_fixed_point(eqn, forced=selected is not None,
-                                      result_used=[region.has_users(v) for v in eqn.outputs])
+            match = _complex_reason(eqn) or match_fixed_point(
+                eqn, forced=selected is not None,
+                result_used=[region.has_users(v) for v in eqn.outputs])
             if isinstance(match, str):
                 ctx.count("loops-skipped")
                 ctx.count(f"loop {position} ({where}) skipped: {match}")
@@ -121,6 +131,8 @@ class ImplicitDiff(Pass):
             _replace(region, eqn, match, self, where)
             ctx.count("loops-rewritten")
             changed = True
+        if changed:
+            _first_order(program)
         ctx.changed = changed
         return program
 
@@ -144,6 +156,36 @@ class ImplicitDiff(Pass):
                                      f"function named {item!r} (loops are in: {known})")
                 chosen |= hits
         return chosen
+
+
+def _complex_reason(eqn: Equation) -> str | None:
+    """Why a loop with complex values is left alone (None when it has none).
+
+    The implicit solve treats ``I - df/dx`` as a complex-linear matrix, which a
+    state update using ``conj``/``abs``/``real`` is not, and the fallback
+    Jacobian perturbs operands along real directions only: either would give a
+    wrong derivative."""
+    for v in [*eqn.inputs, *eqn.outputs]:
+        if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
+            return "the loop carries or reads complex values (the implicit solve assumes " \
+                   "a real Jacobian)"
+    return None
+
+
+def _first_order(program) -> None:
+    """Make the rules this pass built first-order.  A level above the first
+    computes the fixed point with the level below, which tracing stages as a
+    ``custom_jvp_call`` holding JAX's Python callables; converting them now lets
+    the result be saved and emitted without a later ``closure-convert``."""
+    from types import SimpleNamespace
+
+    from ..closure import convert_program
+    for region in list(program.body.regions()):
+        for eqn in list(region.equations):
+            if eqn.prim.name == "custom_jvp_call" and \
+                    str(eqn.params.get("name", "")).startswith(RULE_PREFIX):
+                for _, _, sub in eqn.regions():
+                    convert_program(SimpleNamespace(body=sub))
 
 
 def _while_loops(body: Region) -> list[tuple[Region, Equation]]:
@@ -282,7 +324,8 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
     ``(I - df/dx)^T w = ct``) and differentiates (the solve's own derivative is
     another solve, never a differentiation of solver iterations).
 
-    Otherwise (the cap stopped it, it never ran, ``I - df/dx`` is singular): the
+    Otherwise (the cap stopped it, it never ran, ``I - df/dx`` is singular, the
+    final iterate is not within ``FIXED_POINT_RTOL`` of a fixed point): the
     derivative of the loop as it ran, ``J . t`` with ``J`` the loop's Jacobian
     from primals (``_fallback``), or NaN when the operands are too large for it --
     never a different number."""
@@ -349,8 +392,12 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
 def _convergence_check(loop: FixedPointLoop, solver: "_Solver", f_eval, theta_ops, op_avals):
     """``converged(operands, results) -> bool`` from primals: the loop ran, its
     convergence test (the cap left out) passed on the carries it stopped with,
-    the fixed point is finite and, for a dense adjoint, ``I - df/dx`` is well
-    conditioned.  Static matching reads the exit test; this checks it held."""
+    the final iterate is a fixed point to within ``FIXED_POINT_RTOL`` (below),
+    it is finite and, for a dense adjoint, ``I - df/dx`` is well conditioned.
+    Static matching reads the exit test; this checks it held and that it meant
+    what the implicit derivative needs.  A loop the program vmaps has a batched
+    exit test (one per element, JAX's while then runs until none holds): every
+    element must pass."""
     cond_n, body_n = loop.cond_n, loop.body_n
     still_moving = convergence_only(loop)
 
@@ -360,18 +407,18 @@ def _convergence_check(loop: FixedPointLoop, solver: "_Solver", f_eval, theta_op
                 for o in outs]
         cond_consts = ops[:cond_n]
         (ran,) = jx.eval_jaxpr(loop.cond_jaxpr, (), *cond_consts, *ops[cond_n + body_n:])
-        ok = jnp.asarray(ran, bool)
+        ok = jnp.all(jnp.asarray(ran, bool))
+        theta_vals = [ops[j] for j in theta_ops]
+        x_now = [outs[i] for i in loop.state]
         if not loop.forced:
             # The loop's own test without its cap, on the carries it stopped with
             # (the last change): false when the convergence test, not the cap,
             # ended the loop.  (Not one step further: at a tolerance near the
             # rounding floor one more float32 step can exceed it again.)
-            passed = ~jnp.asarray(still_moving(cond_consts, outs), bool)
+            passed = jnp.all(~jnp.asarray(still_moving(cond_consts, outs), bool))
             # A tolerance below the rounding floor (1e-7 in float32) is never met
             # and the cap stops the loop at a fixed point: accept a residual
             # |f(x*) - x*| at the rounding level as well.
-            theta_vals = [ops[j] for j in theta_ops]
-            x_now = [outs[i] for i in loop.state]
             floor = jnp.bool_(True)
             for x, fx in zip(x_now, f_eval(theta_vals, x_now)):
                 scale = 1.0 + jnp.max(jnp.abs(x), initial=0.0).astype(jnp.float32)
@@ -379,15 +426,66 @@ def _convergence_check(loop: FixedPointLoop, solver: "_Solver", f_eval, theta_op
                 floor = floor & (jnp.max(jnp.abs(fx - x), initial=0.0).astype(jnp.float32)
                                  <= 64.0 * eps * scale)
             ok = ok & (passed | floor)
-        x_star = [outs[i] for i in loop.state]
-        for x in x_star:
+        for x in x_now:
             ok = ok & jnp.all(jnp.isfinite(x))
-        if solver.method == "dense" and x_star:
-            theta_vals = [ops[j] for j in theta_ops]
-            ok = ok & _well_conditioned(lambda xs: f_eval(theta_vals, xs), x_star)
+        if x_now:
+            ok = ok & _near_fixed_point(lambda xs: f_eval(theta_vals, xs), x_now, solver)
+        if solver.method == "dense" and x_now:
+            ok = ok & _well_conditioned(lambda xs: f_eval(theta_vals, xs), x_now)
         return ok
 
     return converged
+
+
+#: The largest distance from the final iterate to the fixed point, relative to
+#: the iterate's scale, at which the implicit derivative is used.
+#:
+#: Why a distance and not the loop's exit test: a small last step |x_k - x_(k-1)|
+#: does not mean a fixed point is near.  The step is (I - A) times the distance
+#: for a contraction of rate A, so the distance is the step over (1 - rate): a
+#: loop with a loose tolerance stops far from x* (tol 0.5 at rate 0.5: 0.5 away),
+#: and ``x <- x + theta / x`` has no fixed point at all while its steps shrink.
+#: The distance is estimated by one Newton step, ``d = (I - df/dx)^-1 (f(x) - x)``
+#: at the final iterate (first-order exact; infinite or unsolvable when no fixed
+#: point is near).
+#:
+#: Why this bound: the derivative of the loop's result and the implicit one
+#: differ by the error of the tangent recurrence ``t <- df/dx t + df/dtheta``,
+#: which contracts by the same factors as the iterate's own error, from
+#: ``-dx*/dtheta`` as the iterate's starts from ``x_0 - x*``: to first order the
+#: relative difference of the derivatives is the relative distance of the final
+#: iterate from x* (0.25 in the tol-0.5 loop above: derivative 1.5 instead of
+#: 2).  A bound of 1e-3 of the iterate's scale keeps the implicit derivative
+#: within about 0.1% of the loop's for a loop started at that scale from its
+#: fixed point, and admits every loop whose tolerance is 1e-4 or tighter at a
+#: rate up to 0.9 (the rounding floor, ~eps / (1 - rate), is far below it in
+#: float32 and float64).  Beyond it the derivative is the loop's own
+#: (``_fallback``).
+FIXED_POINT_RTOL = 1e-3
+
+
+def _near_fixed_point(f, x_now, solver: "_Solver") -> jax.Array:
+    """The Newton distance from ``x_now`` to the fixed point of ``f`` is within
+    ``FIXED_POINT_RTOL`` of the iterate's scale (see there), and the solve that
+    estimates it succeeded (its residual is a tenth of the right-hand side)."""
+    residual = [fx - x for fx, x in zip(f(x_now), x_now)]
+    _, f_x = jax.linearize(lambda *xs: f(list(xs)), *x_now)
+
+    def matvec(t):
+        return [ti - ji for ti, ji in zip(t, f_x(*t))]
+
+    distance = solver(matvec, residual)
+
+    def largest(xs):
+        return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0)
+                                              .astype(jnp.float32) for x in xs])
+
+    scale = 1.0 + largest(x_now)
+    eps = max(float(jnp.finfo(jnp.result_type(x)).eps) for x in x_now)
+    solved = largest([m - r for m, r in zip(matvec(distance), residual)]) <= \
+        0.1 * largest(residual) + 64.0 * eps * scale
+    near = largest(distance) <= max(FIXED_POINT_RTOL, 64.0 * eps) * scale
+    return solved & near & jnp.isfinite(largest(distance))
 
 
 def _well_conditioned(f, x_star) -> jax.Array:

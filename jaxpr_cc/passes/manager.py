@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence, TextIO
 
 from ..ir.verifier import VerificationError, verify_program
 from .base import Pass, PassContext
+from .donation import drop_unsafe_donations
 from .pipeline import Pipeline, as_pipeline
 
 Callback = Callable[[Pass, Any, Any, PassContext], None]
@@ -186,6 +187,12 @@ class PassManager:
         except Exception as e:
             raise self._failure(index, pass_, work, original, e,
                                 f"{type(e).__name__}: {e}") from e
+        # A pass that replaced a value by an equal one may have made a jit donate a
+        # buffer that is still read (see passes/donation.py): drop such donations.
+        dropped = drop_unsafe_donations(result)
+        if dropped:
+            ctx.count("donations-dropped (the donated value is read elsewhere)", dropped)
+            ctx.changed = True
         seconds = time.perf_counter() - t0
         record = PassRecord(pass_, seconds, dict(ctx.stats), ctx.changed, n_before)
         if self.verify_each:
