@@ -890,6 +890,16 @@ class PerturbationOracle:
         return False
 
 
+def is_jit_reentry_error(error: BaseException) -> bool:
+    """Is ``error`` (or its cause) jax.jit refusing to be re-entered while its trace
+    is in progress?  JAX says so only in the message text."""
+    while error is not None:
+        if isinstance(error, RecursionError) and str(error).startswith("Recursively calling"):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def evaluated_eagerly(args) -> bool:
     """Would JAX evaluate a custom function called on ``args`` now rather than stage
     it: under eager evaluation, or inside ``jax.ensure_compile_time_eval`` (JAX's

@@ -235,7 +235,7 @@ class TraceSession:
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
-                if _is_jit_reentry(e):
+                if jx.is_jit_reentry_error(e):
                     raise _JitReentry() from e
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("vjp", cvjp.fwd, e)), 0)
@@ -347,7 +347,7 @@ class TraceSession:
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
-                if _is_jit_reentry(e):
+                if jx.is_jit_reentry_error(e):
                     raise _JitReentry() from e
                 return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("jvp", cjvp.jvp, e)))
@@ -564,12 +564,6 @@ class _JitReentry(Exception):
     ``jaxpr_cc.trace`` runs on what is left in JAX's form)."""
 
 
-def _is_jit_reentry(error: BaseException) -> bool:
-    while error is not None:
-        if isinstance(error, RecursionError) and str(error).startswith("Recursively calling"):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def _rule_error(kind: str, fn, error: BaseException) -> str:
