@@ -158,6 +158,7 @@ def run_single(out_dir: Path) -> int:
                                        out_shardings=jit_kw.get("out_shardings"))
                 path = out_dir / f"{name}.jxe"
                 exe.save(str(path))
+                jaxpr_cc.save(program, str(out_dir / f"{name}.jcc"))
                 loaded = load_executable(str(path))
                 problems += _check_same(exe(*args), ref, "compiled")
                 problems += _check_same(loaded(*args), ref, "saved and loaded")
@@ -196,6 +197,7 @@ def run_distributed(out_dir: Path, port: int, process_id: int, n_processes: int)
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                                num_processes=n_processes, process_id=process_id,
                                initialization_timeout=120)
+    import jaxpr_cc
     from jaxpr_cc.backends.xla import load_executable
     assert jax.process_count() == n_processes and len(jax.devices()) == N_DEVICES, (
         jax.process_count(), jax.devices())
@@ -215,6 +217,18 @@ def run_distributed(out_dir: Path, port: int, process_id: int, n_processes: int)
                 out = jax.tree.leaves(loaded(*args))
                 # jax.jit of the function in these same processes.
                 ref = jax.tree.leaves(jax.jit(fun, **jit_kw)(*args))
+                # The saved program (not its executable), loaded and compiled here:
+                # its mesh is found among this process's devices.
+                program = jaxpr_cc.load(str(out_dir / f"{name}.jcc"))
+                exe = jaxpr_cc.compile(
+                    program, in_shardings=jit_kw.get("in_shardings") or tuple(
+                        a.sharding if isinstance(a, jax.Array) else None for a in args),
+                    out_shardings=jit_kw.get("out_shardings"))
+                for i, (x, r) in enumerate(zip(jax.tree.leaves(exe(*args)), ref)):
+                    want = {s.device.id: np.asarray(s.data) for s in r.addressable_shards}
+                    if any(not np.allclose(np.asarray(s.data), want[s.device.id], rtol=1e-6)
+                           for s in x.addressable_shards):
+                        problems.append(f"loaded program, output {i}: differs from jax.jit's")
             expected = np.load(out_dir / f"{name}.expected.npz")
             for i, (x, r) in enumerate(zip(out, ref)):
                 want = expected[f"out{i}"]

@@ -134,17 +134,25 @@ def decode_mesh(obj: Any):
     if len(set(ids)) != len(ids):
         raise FormatError("mesh lists a device twice")
     try:
-        available = {d.id: d for d in jax.devices(platform)}
+        ordered = list(jax.devices(platform))
     except RuntimeError:
         raise MissingDevicesError(f"the program runs on {platform} devices, which this "
                                   f"process does not have") from None
-    missing = [i for i in ids if i not in available]
-    if missing:
+    available = {d.id: d for d in ordered}
+    if all(i in available for i in ids):
+        chosen = [available[i] for i in ids]
+    elif max(ids) < len(ordered):
+        # Other ids, enough devices (jax.distributed numbers a process's devices its
+        # own way): the saved ids of a one-process host are positions in the global
+        # device list, as executables' meshes are matched.
+        chosen = [ordered[i] for i in ids]
+    else:
+        missing = [i for i in ids if i not in available]
         raise MissingDevicesError(
             f"the program's mesh uses {platform} devices {missing[:8]} but this process has "
             f"{len(available)} {platform} device(s); on CPU set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={max(ids) + 1}")
-    devices = np.array([available[i] for i in ids], dtype=object).reshape(shape)
+    devices = np.array(chosen, dtype=object).reshape(shape)
     return jax.sharding.Mesh(devices, names, axis_types=types)
 
 
