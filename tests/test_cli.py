@@ -184,6 +184,11 @@ def test_emit_every_form(traced):
     assert_trees_equal(jax.jit(namespace["loss"])(W, X), jax.jit(loss)(W, X))
 
 
+def test_trace_imports_a_module_of_the_current_directory_by_name(traced):
+    run("trace", "model:loss", "--args", "f32[3,2], f32[4,3]", "-o", "by_module.jcc", cwd=traced)
+    assert jaxpr_cc.load(traced / "by_module.jcc").name == "loss"
+
+
 def test_exec_runs_a_compiled_executable(traced):
     program = jaxpr_cc.load(traced / "npz.jcc")
     jaxpr_cc.compile(program).save(str(traced / "loss.xla"))
@@ -191,6 +196,12 @@ def test_exec_runs_a_compiled_executable(traced):
     got = np.load(traced / "xla_out.npz")
     expected = jax.tree_util.tree_leaves(jax.jit(_model()["loss"])(W, X))
     assert_trees_equal([got["out0"], got["out1"]], [np.asarray(e) for e in expected])
+    # An executable keeps no argument names: arrays named as `show` prints them for
+    # the saved program are refused in one line that says so.
+    np.savez(traced / "named.npz", w=W, x=X)
+    proc = run("exec", "loss.xla", "--inputs", "named.npz", "-o", "o.npz", cwd=traced,
+               check_code=2)
+    assert "not in executables" in one_line_error(proc)
 
 
 def test_bad_input_is_one_line_with_exit_code_2(traced):

@@ -133,7 +133,10 @@ def match_inputs(arrays: dict, avals: list, names: list, where: str) -> list:
         extra = sorted(keys - set(by_position) - named_set)
         positional = sorted(keys & set(by_position))
         by_name = sorted(keys & named_set - set(by_position))
-        if extra:
+        if extra and not any(names):
+            detail = (f"unexpected {extra[:4]} (argument names are kept in saved programs, "
+                      f"not in executables: name the arrays by position)")
+        elif extra:
             detail = f"unexpected {extra[:4]}"
         elif positional and by_name:
             detail = (f"it mixes positional names {positional[:4]} with argument names "

@@ -152,6 +152,10 @@ def import_function(target: str):
             sys.modules.pop(module_name, None)
             raise CliError(f"{where}: importing failed: {type(e).__name__}: {e}") from e
     else:
+        # As `python -m` finds modules of the current directory (after installed ones,
+        # so a local file never shadows a package).
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())
         try:
             module = importlib.import_module(where)
         except SystemExit as e:
