@@ -71,6 +71,30 @@ def test_loose_tolerance_keeps_the_loops_derivative():
     np.testing.assert_allclose(float(jax.grad(new)(th)), 1.5, rtol=1e-6)
 
 
+def started_near_its_fixed_point(b):
+    """x <- 0.9 x + b from 999 (the fixed point is 10 b = 1000), tolerance 1e-2: the
+    residual shrinks only ~10x, so the loop's derivative is 9.11, not 10."""
+    def keep_going(s):
+        x, xp = s
+        return jnp.abs(x - xp) > 1e-2
+
+    def step(s):
+        x, _ = s
+        return 0.9 * x + b, x
+
+    return lax.while_loop(keep_going, step, (jnp.float32(999.0), jnp.float32(0.0)))[0]
+
+
+def test_a_loop_started_near_its_fixed_point_keeps_its_derivative():
+    b = jnp.float32(100.0)
+    new = run_passes(jaxpr_cc.trace(started_near_its_fixed_point, b), "implicit-diff")
+    want = jax.jvp(started_near_its_fixed_point, (b,), (jnp.float32(1.0),))[1]
+    assert abs(float(want) - 10.0) > 0.5  # the loop's derivative is far from the implicit
+    np.testing.assert_allclose(float(jax.jvp(new, (b,), (jnp.float32(1.0),))[1]),
+                               float(want), rtol=1e-5)
+    np.testing.assert_allclose(float(jax.grad(new)(b)), float(want), rtol=1e-5)
+
+
 def test_tight_tolerance_still_uses_the_implicit_derivative():
     """The same loop with a tight tolerance is at its fixed point: the derivative
     is the fixed point's, 2 (the loop's own differs from it by ~1e-6)."""

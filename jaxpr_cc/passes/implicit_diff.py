@@ -71,6 +71,7 @@ from .. import jax_adapter as jx
 from ..backends.jaxpr import region_to_closed_jaxpr
 from ..closure.rules import JVPRule, RuleInfo, build_custom_jvp
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
+from ..frontend.staged_rules import convert_program
 from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.value import Value
@@ -179,7 +180,6 @@ def _first_order(program) -> None:
     the result be saved and emitted without a later ``closure-convert``."""
     from types import SimpleNamespace
 
-    from ..closure import convert_program
     for region in list(program.body.regions()):
         for eqn in list(region.equations):
             if eqn.prim.name == "custom_jvp_call" and \
@@ -430,6 +430,8 @@ def _convergence_check(loop: FixedPointLoop, solver: "_Solver", f_eval, theta_op
             ok = ok & jnp.all(jnp.isfinite(x))
         if x_now:
             ok = ok & _near_fixed_point(lambda xs: f_eval(theta_vals, xs), x_now, solver)
+            x_init = [ops[loop.carry_operand(i)] for i in loop.state]
+            ok = ok & _contracted(lambda xs: f_eval(theta_vals, xs), x_init, x_now)
         if solver.method == "dense" and x_now:
             ok = ok & _well_conditioned(lambda xs: f_eval(theta_vals, xs), x_now)
         return ok
@@ -486,6 +488,28 @@ def _near_fixed_point(f, x_now, solver: "_Solver") -> jax.Array:
         0.1 * largest(residual) + 64.0 * eps * scale
     near = largest(distance) <= max(FIXED_POINT_RTOL, 64.0 * eps) * scale
     return solved & near & jnp.isfinite(largest(distance))
+
+
+#: The largest ratio of the final residual |f(x_k) - x_k| to the first one
+#: |f(x_0) - x_0| at which the implicit derivative is used.  The loop's own
+#: derivative follows the tangent recurrence ``t <- df/dx t + df/dtheta``, whose
+#: error contracts by the same factors as the iterate's, about this ratio: a loop
+#: that stopped after shrinking its residual by only 10x (started near its fixed
+#: point, or with a loose tolerance) has a derivative 10% from the implicit one,
+#: wherever the iterate is.  A loop started at its fixed point (first residual 0)
+#: keeps its own derivative.
+CONTRACTION_RTOL = 1e-3
+
+
+def _contracted(f, x_init, x_now) -> jax.Array:
+    """The residual shrank by at least ``CONTRACTION_RTOL`` from the loop's start."""
+    def largest(xs):
+        return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0)
+                                              .astype(jnp.float32) for x in xs])
+
+    first = largest([fx - x for fx, x in zip(f(x_init), x_init)])
+    last = largest([fx - x for fx, x in zip(f(x_now), x_now)])
+    return (first > 0) & (last <= CONTRACTION_RTOL * first)
 
 
 def _well_conditioned(f, x_star) -> jax.Array:
