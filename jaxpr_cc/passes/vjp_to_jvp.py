@@ -105,7 +105,10 @@ class _Rewriter:
         self.built: dict[tuple, dict | None] = {}  # (call, fwd, bwd) region ids -> new params
         self.changed = False
 
-    def region(self, region: Region) -> None:
+    def region(self, region: Region, primal_differentiated: bool = False) -> None:
+        """Rewrite the rules in ``region``.  ``primal_differentiated``: the region is
+        the primal of a rule whose closed-over values get forward-mode columns, so
+        forward mode through it differentiates the primal, not the user's rules."""
         if id(region) in self.done:
             return
         self.done[id(region)] = region
@@ -113,10 +116,12 @@ class _Rewriter:
             # Post-order: rules inside this equation's regions (a fwd that calls
             # the custom function itself, a bwd that uses one) are rewritten before
             # this equation's own rule is built from those regions.
-            for _, _, sub in eqn.regions():
-                self.region(sub)
-            if eqn.prim.name == "custom_vjp_call":
-                self.rewrite(region, eqn)
+            is_vjp = eqn.prim.name == "custom_vjp_call"
+            columns = is_vjp and _primal_gets_forward_columns(eqn.params)
+            for name, _, sub in eqn.regions():
+                self.region(sub, primal_differentiated or (columns and name == "call_jaxpr"))
+            if is_vjp:
+                self.rewrite(region, eqn, primal_differentiated)
 
     def _build(self, p: dict, mode: str, refusal: str | None = None) -> dict | None:
         if self.options.on_failure == "raise":
@@ -130,7 +135,7 @@ class _Rewriter:
                            f"custom_vjp: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
 
-    def rewrite(self, region: Region, eqn: Equation) -> None:
+    def rewrite(self, region: Region, eqn: Equation, primal_differentiated: bool) -> None:
         p = eqn.params
         if not is_first_order_custom("custom_vjp_call", p):
             self.ctx.count("calls-skipped-not-first-order")
@@ -148,6 +153,12 @@ class _Rewriter:
             return
         if key not in self.built:
             mode = self.options.untransposable
+            if primal_differentiated and mode == "reverse-only":
+                # Forward columns of an enclosing rule's closed-over values run through
+                # this rule (a diffrax BacksolveAdjoint whose vector field closes over
+                # the parameter): a refusal would fail reverse mode too.  JAX has no
+                # derivative along such a value; the one formed here is the primal's.
+                mode = "primal"
             try:
                 self.built[key] = self._build(p, mode)
                 if self.built[key] is not None:
@@ -269,6 +280,16 @@ def _consts_refused_in_reverse(p: dict) -> bool:
     mode = p["closed_over"]
     forward = mode == "forward" or (mode == "auto" and not p["reverse_ok"])
     return forward and size > p["max_forward_size"]
+
+
+def _primal_gets_forward_columns(p: dict) -> bool:
+    """Does the vjp rule ``p`` differentiate its primal in forward mode to form its
+    closed-over values' cotangents (see :func:`_consts_need_forward_columns`)?"""
+    nc = p.get("num_consts", 0)
+    if not nc or not is_first_order_custom("custom_vjp_call", p):
+        return False
+    c_avals = list(region_to_closed_jaxpr(p["call_jaxpr"]).in_avals)[:nc]
+    return _consts_need_forward_columns(p, c_avals)
 
 
 def _consts_need_forward_columns(p: dict, c_avals) -> bool:
