@@ -106,7 +106,10 @@ class _Rewriter:
         self.changed = False
         self.unchecked = 0  # depth of shard_map(check_vma=False) bodies being visited
 
-    def region(self, region: Region) -> None:
+    def region(self, region: Region, primal_differentiated: bool = False) -> None:
+        """Rewrite the rules in ``region``.  ``primal_differentiated``: the region is
+        the primal of a rule whose closed-over values get forward-mode columns, so
+        forward mode through it differentiates the primal, not the user's rules."""
         if id(region) in self.done:
             return
         self.done[id(region)] = region
@@ -114,16 +117,18 @@ class _Rewriter:
             # Post-order: rules inside this equation's regions (a fwd that calls
             # the custom function itself, a bwd that uses one) are rewritten before
             # this equation's own rule is built from those regions.
+            is_vjp = eqn.prim.name == "custom_vjp_call"
+            columns = is_vjp and _primal_gets_forward_columns(eqn.params)
             unchecked = jx.unchecked_replication(eqn.prim.name, eqn.params)
             self.unchecked += unchecked
-            for _, _, sub in eqn.regions():
+            for name, _, sub in eqn.regions():
                 # Rules rebuilt inside a shard_map body are traced in its context:
                 # their tangents keep the manual axes their primals vary over.
                 with jx.region_trace_context(eqn.prim.name, eqn.params):
-                    self.region(sub)
+                    self.region(sub, primal_differentiated or (columns and name == "call_jaxpr"))
             self.unchecked -= unchecked
-            if eqn.prim.name == "custom_vjp_call":
-                self.rewrite(region, eqn)
+            if is_vjp:
+                self.rewrite(region, eqn, primal_differentiated)
 
     def _build(self, p: dict, mode: str, refusal: str | None = None) -> dict | None:
         options = dict(untransposable=mode, refusal=refusal,
@@ -139,7 +144,7 @@ class _Rewriter:
                            f"custom_vjp: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
 
-    def rewrite(self, region: Region, eqn: Equation) -> None:
+    def rewrite(self, region: Region, eqn: Equation, primal_differentiated: bool) -> None:
         p = eqn.params
         if not is_first_order_custom("custom_vjp_call", p):
             self.ctx.count("calls-skipped-not-first-order")
@@ -157,6 +162,12 @@ class _Rewriter:
             return
         if key not in self.built:
             mode = self.options.untransposable
+            if primal_differentiated and mode == "reverse-only":
+                # Forward columns of an enclosing rule's closed-over values run through
+                # this rule (a diffrax BacksolveAdjoint whose vector field closes over
+                # the parameter): a refusal would fail reverse mode too.  JAX has no
+                # derivative along such a value; the one formed here is the primal's.
+                mode = "primal"
             try:
                 self.built[key] = self._build(p, mode)
                 if self.built[key] is not None:
@@ -295,6 +306,16 @@ def _consts_refused_in_reverse(p: dict) -> bool:
     mode = p["closed_over"]
     forward = mode == "forward" or (mode == "auto" and not p["reverse_ok"])
     return forward and size > p["max_forward_size"]
+
+
+def _primal_gets_forward_columns(p: dict) -> bool:
+    """Does the vjp rule ``p`` differentiate its primal in forward mode to form its
+    closed-over values' cotangents (see :func:`_consts_need_forward_columns`)?"""
+    nc = p.get("num_consts", 0)
+    if not nc or not is_first_order_custom("custom_vjp_call", p):
+        return False
+    c_avals = list(region_to_closed_jaxpr(p["call_jaxpr"]).in_avals)[:nc]
+    return _consts_need_forward_columns(p, c_avals)
 
 
 def _consts_need_forward_columns(p: dict, c_avals) -> bool:
