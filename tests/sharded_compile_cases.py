@@ -191,11 +191,15 @@ def load_with_one_device(out_dir: Path) -> int:
 
 
 def main(out_dir: Path) -> int:
+    return run_cases(cases(out_dir), CASE_NAMES)
+
+
+def run_cases(table: dict, names: tuple) -> int:
+    """Run each case on 8 devices, printing one JSON line ``{"case", "problems"}``."""
     import jax
     assert len(jax.devices()) >= 8, jax.devices()
     failed = 0
-    table = cases(out_dir)
-    assert tuple(table) == CASE_NAMES
+    assert tuple(table) == names
     for name, run in table.items():
         try:
             problems = run()
