@@ -388,3 +388,29 @@ def test_slogdet_differentiates_after_tracing(tmp_path):
     jaxpr_cc.save(program, str(path))
     np.testing.assert_allclose(np.asarray(jax.grad(jaxpr_cc.load(str(path)))(x)),
                                np.asarray(jax.grad(f)(x)), rtol=1e-5)
+
+
+def averaging(x0, a):
+    """x <- a mean(x) + (1 - a) x: I - df/dx is singular (the fixed point moves with
+    the start); 100 carries take the iterative (bicgstab) adjoint."""
+    def keep_going(c):
+        x, xp = c
+        return jnp.max(jnp.abs(x - xp)) > 1e-6
+
+    def step(c):
+        x, _ = c
+        return a * jnp.full_like(x, jnp.mean(x)) + (1 - a) * x, x
+
+    x, _ = lax.while_loop(keep_going, step, (x0, x0 + 1.0))
+    return jnp.sum(x * jnp.arange(x0.shape[0], dtype=jnp.float32))
+
+
+def test_a_singular_adjoint_keeps_the_loops_derivative_on_the_iterative_path():
+    x0, a = jnp.linspace(0., 1., 100, dtype=jnp.float32), jnp.float32(0.5)
+    new = run_passes(jaxpr_cc.trace(averaging, x0, a), "implicit-diff")
+    t = jnp.linspace(1., 2., 100, dtype=jnp.float32)
+    want = jax.jvp(averaging, (x0, a), (t, jnp.float32(0.)))[1]
+    got = jax.jvp(new, (x0, a), (t, jnp.float32(0.)))[1]
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(new)(x0, a), jax.jacfwd(averaging)(x0, a), rtol=1e-4,
+                               atol=1e-4)

@@ -434,6 +434,8 @@ def _convergence_check(loop: FixedPointLoop, solver: "_Solver", f_eval, theta_op
             ok = ok & _contracted(lambda xs: f_eval(theta_vals, xs), x_init, x_now)
         if solver.method == "dense" and x_now:
             ok = ok & _well_conditioned(lambda xs: f_eval(theta_vals, xs), x_now)
+        elif x_now:
+            ok = ok & _solvable(lambda xs: f_eval(theta_vals, xs), x_now, solver)
         return ok
 
     return converged
@@ -510,6 +512,34 @@ def _contracted(f, x_init, x_now) -> jax.Array:
     first = largest([fx - x for fx, x in zip(f(x_init), x_init)])
     last = largest([fx - x for fx, x in zip(f(x_now), x_now)])
     return (first > 0) & (last <= CONTRACTION_RTOL * first)
+
+
+def _solvable(f, x_star, solver: "_Solver") -> jax.Array:
+    """The iterative solver solves ``(I - df/dx) v = u`` at ``x_star`` for a fixed
+    right-hand side ``u`` no structure favours (residual a tenth of ``u``, ``v``
+    finite and not huge): it cannot when ``I - df/dx`` is singular (a fixed point
+    that moves with the start, as ``x <- a mean(x) + (1 - a) x``), where the
+    implicit derivative does not exist.  The dense path checks conditioning."""
+    _, f_x = jax.linearize(lambda *xs: f(list(xs)), *x_star)
+
+    def matvec(t):
+        return [ti - ji for ti, ji in zip(t, f_x(*t))]
+
+    def largest(xs):
+        return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0)
+                                              .astype(jnp.float32) for x in xs])
+
+    u, offset = [], 0
+    for x in x_star:
+        n = int(np.prod(jnp.shape(x)))
+        u.append(jnp.sin(1.7 * jnp.arange(offset, offset + n, dtype=jnp.float32) + 0.3)
+                 .reshape(jnp.shape(x)).astype(jnp.result_type(x)))
+        offset += n
+    v = solver(matvec, u)
+    eps = max(float(jnp.finfo(jnp.result_type(x)).eps) for x in x_star)
+    size_u = largest(u)
+    return (largest([m - ui for m, ui in zip(matvec(v), u)]) <= 0.1 * size_u) & \
+        (largest(v) <= size_u / (1e3 * eps)) & jnp.isfinite(largest(v))
 
 
 def _well_conditioned(f, x_star) -> jax.Array:
