@@ -109,7 +109,9 @@ def rewrite(fun, *args, pipeline="implicit-diff"):
 
 
 # ------------------------------------------------------------------- tests
-@pytest.mark.parametrize("adjoint", ["fixed-point", "gmres", "bicgstab", "dense"])
+# The dense adjoint in the default run; the iterative ones (slower) under -m heavy.
+@pytest.mark.parametrize("adjoint", [pytest.param(a, marks=pytest.mark.heavy)
+                                     for a in ("fixed-point", "gmres", "bicgstab")] + ["dense"])
 def test_tutorial_fixed_point_newton_sqrt(adjoint):
     a = jnp.array([0.5, 2.0, 9.0, 30.0], jnp.float32)
     with pytest.raises(ValueError, match="while_loop"):

@@ -305,7 +305,7 @@ def scalar_reference(b):
     return x, (-s * x + 0.5) / (1.0 + s * b)
 
 
-@pytest.mark.parametrize("b", [0.3, 0.7])
+@pytest.mark.parametrize("b", [pytest.param(0.3, marks=pytest.mark.heavy), 0.7])
 def test_scalar_fixed_point_to_third_order(b):
     bf = jnp.float32(b)
     _, new, stats = rewrite_with_stats(scalar_fixed_point, bf)
@@ -543,7 +543,8 @@ def coupled(a):
     return r[2] + r[3]
 
 
-@pytest.mark.parametrize("adjoint", ["dense", "gmres", "bicgstab", "fixed-point"])
+@pytest.mark.parametrize("adjoint", ["dense", "bicgstab"] + [
+    pytest.param(a, marks=pytest.mark.heavy) for a in ("gmres", "fixed-point")])
 def test_grad_when_a_state_update_reads_no_parameter(adjoint):
     a = jnp.float32(0.7)
     new = run_passes(jaxpr_cc.trace(coupled, a), f"implicit-diff{{adjoint={adjoint}}}")
@@ -574,7 +575,8 @@ def test_half_precision_fixed_point(dtype):
     assert float(jax.jvp(new, (a,), (jnp.ones_like(a),))[1]) == pytest.approx(4.0, rel=1e-2)
 
 
-@pytest.mark.parametrize("adjoint", ["auto", "gmres", "bicgstab", "fixed-point"])
+@pytest.mark.parametrize("adjoint", ["auto", "bicgstab"] + [
+    pytest.param(a, marks=pytest.mark.heavy) for a in ("gmres", "fixed-point")])
 def test_mixed_float32_float64_state(adjoint):
     with jax.enable_x64(True):
         def f(a):
