@@ -348,6 +348,7 @@ def _snapshot(directory: pathlib.Path) -> dict:
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.heavy  # ~30 s: a full golden update of the corpus after a pass edit
 def test_edit_a_pass_then_update_end_to_end(tmp_path):
     golden = tmp_path / "golden"
     (golden / "programs").mkdir(parents=True)
