@@ -3,38 +3,19 @@ check_vma, jax.clear_caches() retracing jaxpr_cc.jit functions, and
 jaxpr_cc.compile following an argument committed to one device.  The 8-device
 cases run in a fresh process (tests/jit_adversary18_cases.py), since the host
 device count must be set before JAX is imported."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxpr_cc
+from eight_devices import run_case_script
 from jit_adversary18_cases import CASE_NAMES
-
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
 def reports():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH"))
-                                        if p)
-    res = subprocess.run([sys.executable, str(HERE / "jit_adversary18_cases.py")], env=env,
-                         capture_output=True, text=True, timeout=900)
-    found = {}
-    for line in res.stdout.splitlines():
-        if line.startswith("{"):
-            report = json.loads(line)
-            found[report["case"]] = report
-    return res, found
+    return run_case_script("jit_adversary18_cases.py")
 
 
 @pytest.mark.parametrize("case", CASE_NAMES)
