@@ -1,4 +1,4 @@
-"""Run a case script on 8 host devices in a fresh process (the device count must be
+"""Run a case script on host devices in a fresh process (the device count must be
 set before JAX is imported) and collect its JSON report lines by case name."""
 import json
 import os
@@ -9,10 +9,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def run_case_script(script: str, *args: str):
-    """``(completed process, {case: report})`` of ``tests/<script> ARGS...``."""
+def run_case_script(script: str, *args: str, devices: int = 8):
+    """``(completed process, {case: report})`` of ``tests/<script> ARGS...`` on
+    ``devices`` host devices."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH"))
                                         if p)

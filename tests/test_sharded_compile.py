@@ -3,33 +3,14 @@ jax.set_mesh, without in_shardings, and with PartitionSpec in_shardings under
 jax.set_mesh: jax.jit's values and output shardings through passes, save, load,
 compile and executable save/load (tests/sharded_compile_cases.py, on 8 host
 devices in a fresh process)."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from eight_devices import run_case_script
 from sharded_compile_cases import CASE_NAMES
-
-HERE = Path(__file__).resolve().parent
 
 
 def _run(out_dir, n_devices: int, *extra):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH"))
-                                        if p)
-    res = subprocess.run([sys.executable, str(HERE / "sharded_compile_cases.py"), str(out_dir),
-                          *extra], env=env, capture_output=True, text=True, timeout=900)
-    found = {}
-    for line in res.stdout.splitlines():
-        if line.startswith("{"):
-            report = json.loads(line)
-            found[report["case"]] = report
-    return res, found
+    return run_case_script("sharded_compile_cases.py", str(out_dir), *extra, devices=n_devices)
 
 
 @pytest.fixture(scope="module")
