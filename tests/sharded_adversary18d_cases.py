@@ -26,6 +26,25 @@ def _near(got, want, where: str, atol=1e-5) -> list:
     return []
 
 
+def _check_same(out, ref, where: str) -> list:
+    """Values equal to float32 rounding (XLA folds an embedded constant's sin at
+    compile time; a parameter's is computed at run time) and shardings equal."""
+    import jax
+    out_leaves, out_tree = jax.tree.flatten(out)
+    ref_leaves, ref_tree = jax.tree.flatten(ref)
+    if out_tree != ref_tree:
+        return [f"{where}: result structure {out_tree} != {ref_tree}"]
+    problems = []
+    for i, (o, r) in enumerate(zip(out_leaves, ref_leaves)):
+        if o.shape != r.shape or o.dtype != r.dtype or not np.allclose(
+                np.asarray(o), np.asarray(r), rtol=1e-6, atol=1e-6):
+            problems.append(f"{where}: output {i} differs from jax.jit's")
+        if not o.sharding.is_equivalent_to(r.sharding, o.ndim):
+            problems.append(f"{where}: output {i} sharding {o.sharding} is not jax.jit's "
+                            f"{r.sharding}")
+    return problems
+
+
 def _attempt(where: str, fn, want, **kw) -> list:
     try:
         return _near(fn(), want, where, **kw)
@@ -168,15 +187,78 @@ def cases(out_dir: Path):
         p += _attempt("fixed point: trace()(b, x0)", lambda: jaxpr_cc.trace(g, b, x0)(b, x0), xx)
         return p
 
+    def hoisted_constants_keep_jit_output_shardings():
+        """A sharded constant hoisted into a parameter (DEFAULT_PIPELINE) is read as
+        jax.jit reads the constant it was (embedded: replicated), so the outputs'
+        shardings are jax.jit's, also after save/load."""
+        devs = np.array(jax.devices()).reshape(4, 2)
+        mesh = jax.sharding.Mesh(devs, ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+        S = lambda *spec: NamedSharding(mesh, P(*spec))  # noqa: E731
+        c = jax.device_put(jnp.arange(4096.), S(("x", "y")))
+        base = np.arange(4096., dtype=np.float32).reshape(64, 64)
+        c1, c2 = jax.device_put(base, S("x", "y")), jax.device_put(base, S("y", "x"))
+        functions = {
+            "one_output": (lambda x: x + jnp.sin(c), jax.device_put(jnp.ones(4096), S("x"))),
+            "two_outputs": (lambda x: (x + c1, x * c2),
+                            jax.device_put(jnp.ones((64, 64)), S(None, "x"))),
+        }
+        p = []
+        for name, (f, x) in functions.items():
+            ref = jax.jit(f)(x)
+            prog = jaxpr_cc.run_passes(jaxpr_cc.trace(f, x), jaxpr_cc.DEFAULT_PIPELINE)
+            if not prog.params:
+                p.append(f"{name}: DEFAULT_PIPELINE hoisted nothing; the case tests nothing")
+            p += _check_same(jaxpr_cc.compile(prog)(x), ref, f"{name}: compile(DEFAULT_PIPELINE)")
+            jaxpr_cc.save(prog, str(out_dir / f"hoisted_{name}.jxp"))
+            loaded = jaxpr_cc.load(str(out_dir / f"hoisted_{name}.jxp"))
+            p += _check_same(jaxpr_cc.compile(loaded)(x), ref, f"{name}: compile(load)")
+        return p
+
+    def executable_follows_committed_arguments():
+        """An executable compiled without in_shardings/out_shardings runs where its
+        committed arguments are, as jax.jit does (compiling once per placement);
+        one compiled with in_shardings keeps refusing other placements."""
+        S = lambda *spec: NamedSharding(mesh42, P(*spec))  # noqa: E731
+        f = lambda x: x * 2  # noqa: E731
+        placed = {"d0": jax.device_put(jnp.arange(8.), jax.devices()[0]),
+                  "d3": jax.device_put(jnp.arange(8.), jax.devices()[3]),
+                  "px": jax.device_put(jnp.arange(8.), S("x")),
+                  "py": jax.device_put(jnp.arange(8.), S("y"))}
+        p = []
+        for traced, called in [("d0", "d3"), ("d0", "px"), ("px", "d3"), ("px", "py"),
+                               ("py", "px")]:
+            exe = jaxpr_cc.compile(jaxpr_cc.trace(f, placed[traced]))
+            ref = jax.jit(f)(placed[called])
+            for attempt in range(2):  # the second call uses the cached compilation
+                try:
+                    p += _check_same(exe(placed[called]), ref,
+                                     f"traced on {traced}, called on {called} ({attempt})")
+                except Exception as e:
+                    p.append(f"traced on {traced}, called on {called}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200]}")
+            p += _check_same(exe(placed[traced]), jax.jit(f)(placed[traced]),
+                             f"traced on {traced}, called there again")
+        pinned = jaxpr_cc.compile(jaxpr_cc.trace(f, placed["px"]), in_shardings=S("x"))
+        try:
+            pinned(placed["py"])
+            p.append("compile(in_shardings=P('x')) ran on an argument sharded P('y')")
+        except ValueError:
+            pass
+        return p
+
     return {
         "forward_mode_wrt_replicated_param": forward_mode_wrt_replicated_param,
         "grad_wrt_value_closed_over_in_shard_map": grad_wrt_value_closed_over_in_shard_map,
         "custom_vjp_in_eagerly_evaluated_shard_map": custom_vjp_in_eagerly_evaluated_shard_map,
+        "hoisted_constants_keep_jit_output_shardings": hoisted_constants_keep_jit_output_shardings,
+        "executable_follows_committed_arguments": executable_follows_committed_arguments,
     }
 
 
 CASE_NAMES = ("forward_mode_wrt_replicated_param", "grad_wrt_value_closed_over_in_shard_map",
-              "custom_vjp_in_eagerly_evaluated_shard_map")
+              "custom_vjp_in_eagerly_evaluated_shard_map",
+              "hoisted_constants_keep_jit_output_shardings",
+              "executable_follows_committed_arguments")
 
 
 def main(out_dir: Path) -> int:
