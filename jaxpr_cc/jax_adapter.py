@@ -1098,3 +1098,67 @@ def region_trace_context(prim_name: str, params: dict):
     stack.enter_context(jax.sharding.use_abstract_mesh(_shard_map._as_manual_mesh(mesh, manual)))
     stack.enter_context(_config._check_vma(bool(params.get("check_vma", True))))
     return stack
+
+
+# ---------------------------------------------------------------------------
+# --- sharded programs, adversary round d (closure/rules.py, ir/program.py) ---
+def zeros_of_type(aval) -> Any:
+    """An array of zeros of ``aval``'s shape and dtype that, inside ``shard_map``
+    with check_vma, varies over the same manual axes as ``aval``: a zero tangent or
+    cotangent a re-bound rule makes must have the type JAX's own would have (a
+    traced rule body checks its operands' varying axes when it is evaluated)."""
+    import jax.numpy as jnp
+    import numpy as np
+    if aval.dtype == jax.dtypes.float0:
+        return np.zeros(aval.shape, jax.dtypes.float0)
+    zeros = jnp.zeros(aval.shape, aval.dtype)
+    mat = getattr(aval, "manual_axis_type", None)
+    want = tuple(sorted(getattr(mat, "varying", ()) or ()))
+    if not want:
+        return zeros
+    have = getattr(getattr(jax.typeof(zeros), "manual_axis_type", None), "varying", frozenset())
+    missing = tuple(a for a in want if a not in have)
+    return jax.lax.pcast(zeros, missing, to="varying") if missing else zeros
+
+
+# While a Program is evaluated (Program.__call__), an eager shard_map body that
+# meets a custom_vjp re-bound by jaxpr-cc (always with symbolic_zeros=True, so its
+# rules learn which operands are perturbed) runs it as JAX runs one without
+# symbolic zeros.  JAX's eager shard_map trace runs only the primal function of a
+# custom_vjp and drops fwd and bwd (autodiff happens in traces above it, which
+# take symbolic zeros), so the flag changes nothing there; JAX 0.10.2 refuses it
+# only because it is not implemented.  Outside Program evaluation JAX's behaviour
+# is unchanged.
+import contextvars as _contextvars
+
+_EVALUATING_PROGRAM = _contextvars.ContextVar("jaxpr_cc_evaluating_program", default=False)
+
+
+def _install_eager_shard_map_custom_vjp() -> None:
+    from jax._src import shard_map as _sm
+    original = _sm.ShardMapTrace.process_custom_vjp_call
+    if getattr(original, "_jaxpr_cc_original", None) is not None:
+        return
+
+    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, *, out_trees,
+                                symbolic_zeros):
+        if symbolic_zeros and _EVALUATING_PROGRAM.get():
+            symbolic_zeros = False  # only `fun` runs here: see above
+        return original(self, prim, fun, fwd, bwd, tracers, out_trees=out_trees,
+                        symbolic_zeros=symbolic_zeros)
+
+    process_custom_vjp_call._jaxpr_cc_original = original
+    _sm.ShardMapTrace.process_custom_vjp_call = process_custom_vjp_call
+
+
+class evaluating_program:
+    """Context of a Program's evaluation (see above)."""
+
+    def __enter__(self):
+        _install_eager_shard_map_custom_vjp()
+        self._token = _EVALUATING_PROGRAM.set(True)
+        return self
+
+    def __exit__(self, *exc):
+        _EVALUATING_PROGRAM.reset(self._token)
+        return False

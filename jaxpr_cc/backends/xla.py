@@ -114,7 +114,11 @@ def compile(program: Program, *, in_shardings: Any = None, out_shardings: Any = 
 
     ``in_shardings`` is a sharding or a pytree prefix of the positional arguments
     (as for ``jax.jit``; None entries let XLA choose), ``out_shardings`` a prefix
-    of the result.  Parameters that are committed arrays keep their sharding.
+    of the result.  Bound parameters (hoisted constants) are read as jax.jit reads
+    the constants they were: on a mesh, replicated, unless their type names their
+    layout (Explicit axes), so results have jax.jit's shardings.  Without
+    ``in_shardings`` and ``out_shardings`` the executable runs where its committed
+    arguments are, compiling once for each new placement, as jax.jit does.
     ``donate_argnums`` are positional arguments whose buffers XLA may reuse.
     """
     if not isinstance(program, Program):
@@ -128,22 +132,29 @@ def compile(program: Program, *, in_shardings: Any = None, out_shardings: Any = 
         # their layout unless in_shardings says otherwise (jax.jit's rule too).
         flat_in = [s if s is not None else t for s, t in zip(flat_in, program.arg_shardings)]
     donated = _donated_leaves(program, donate_argnums, args_tree)
+    # Without in_shardings or out_shardings the executable follows its committed
+    # arguments, as jax.jit does (the traced layouts above are only the first guess).
     return compile_flat(program, flat_in, out_shardings=out_shardings, donated=donated,
-                        compiler_options=compiler_options)
+                        compiler_options=compiler_options,
+                        follow_arguments=in_shardings is None and out_shardings is None)
 
 
 def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *,
                  out_shardings: Any = None, donated: Sequence[int] = (),
-                 compiler_options: dict | None = None) -> "Executable":
+                 compiler_options: dict | None = None,
+                 follow_arguments: bool = False) -> "Executable":
     """:func:`compile` with one sharding (or None) per flat argument leaf and
-    ``donated`` as flat argument-leaf indices; ``jaxpr_cc.jit`` calls this."""
+    ``donated`` as flat argument-leaf indices; ``jaxpr_cc.jit`` calls this.
+    ``follow_arguments``: ``arg_shardings`` are defaults, not requirements -- a call
+    with arguments committed to other shardings compiles for those (once each)."""
     _check_x64(program)
     n_params = len(program.params)
     avals = [v.aval for v in program.body.invars]
     n_args = len(avals) - n_params
     if arg_shardings is None:
         arg_shardings = [None] * n_args
-    in_flat = [_committed_sharding(p) for p in program.params] + list(arg_shardings)
+    in_flat = ([_param_sharding(p, a) for p, a in zip(program.params, avals)]
+               + list(arg_shardings))
     flat_fun = emit_function(program)
     out_tree = program.out_tree
 
@@ -170,27 +181,55 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
         return jax.export.export(jax.jit(fun, **kw))(*specs)
 
     unpinned = not jit_kwargs.get("in_shardings") and out_shardings is None
+    follow = (follow_arguments and out_shardings is None) or unpinned
+    param_in = in_flat[:n_params]
     return Executable(name=program.name, compiled=compiled, lowered=lowered,
                       in_tree=program.in_tree, out_tree=out_tree, params=program.params,
                       input_avals=avals, n_params=n_params,
                       donated=tuple(sorted(donated)), exporter=export, program=program,
-                      lower_on=(_lowerer_on_device(tree_fun, jit_kwargs, specs, compiler_options)
-                                if unpinned else None))
+                      lower_on=(_lowerer_for_arguments(program, tree_fun, jit_kwargs, avals,
+                                                       param_in, compiler_options)
+                                if follow else None))
 
 
-def _lowerer_on_device(tree_fun, jit_kwargs: dict, specs: list,
-                       compiler_options: dict | None = None) -> Callable:
-    """For an executable compiled without shardings (XLA put it on the default
-    device): ``device -> (lowered, compiled)`` of the same function on ``device``.
-    jax.jit runs such a function where its committed arguments are; the
-    executable does too, compiling on first use of another device."""
-    def lower_on(device):
-        one = jax.sharding.SingleDeviceSharding(device)
+def _lowerer_on_one_device(tree_fun, jit_kwargs: dict, specs: list) -> Callable:
+    """For a loaded single-device executable saved without a layout:
+    ``arg_shardings -> (lowered, compiled)`` on the one device its committed
+    arguments are on (it was exported for one device, so it runs on one)."""
+    def lower_on(arg_shardings):
+        devices = {d for s in arg_shardings if s is not None for d in s.device_set}
+        if len(devices) != 1:
+            raise ValueError(f"the executable runs on one device; its arguments are on "
+                             f"{len(devices)}")
+        one = jax.sharding.SingleDeviceSharding(devices.pop())
         kw = dict(jit_kwargs, in_shardings=(one,) * len(specs))
+        lowered = jax.jit(tree_fun, **kw).lower(*specs)
+        return lowered, lowered.compile()
+    return lower_on
+
+
+def _lowerer_for_arguments(program: Program, tree_fun, jit_kwargs: dict, avals: list,
+                           param_in: list, compiler_options: dict | None = None) -> Callable:
+    """For an executable whose argument layouts were not asked for:
+    ``arg_shardings -> (lowered, compiled)`` of the same function reading its
+    arguments with those shardings (None: an uncommitted argument, placed where
+    the others are).  jax.jit runs such a function where its committed arguments
+    are; the executable does too, compiling on first use of each placement."""
+    def lower_for(arg_shardings):
+        in_flat = list(param_in) + list(arg_shardings)
+        if all(s is None for s in param_in):
+            devices = {d for s in arg_shardings if s is not None for d in s.device_set}
+            if len(devices) == 1:
+                # Everything on the arguments' one device (parameters and
+                # uncommitted arguments too), as jax.jit does.
+                one = jax.sharding.SingleDeviceSharding(devices.pop())
+                in_flat = [s if s is not None else one for s in in_flat]
+        specs = _lowering_specs(program, avals, in_flat)
+        kw = dict(jit_kwargs, in_shardings=tuple(in_flat))
         lowered = jax.jit(tree_fun, **kw).lower(*specs)
         return lowered, (lowered.compile(compiler_options) if compiler_options
                          else lowered.compile())
-    return lower_on
+    return lower_for
 
 
 _X64_ONLY = ("int64", "uint64", "float64", "complex128")
@@ -222,6 +261,28 @@ def _check_x64(program: Program) -> None:
         raise TypeError(f"jaxpr_cc.compile: {program.name} uses {found} (it was traced with "
                         f"jax_enable_x64), but this process runs with jax_enable_x64 disabled; "
                         f"set JAX_ENABLE_X64=1 or compile inside `with jax.enable_x64(True):`")
+
+
+def _param_sharding(value: Any, aval: Any):
+    """Where the compiled program reads a bound parameter.  Parameters are the
+    traced function's constants (hoist-consts), which jax.jit embeds in the
+    computation: every device holds all of it, so XLA takes no layout from it when
+    it chooses the outputs' shardings.  A parameter sharded over a mesh is read
+    replicated on that mesh, so outputs get jax.jit's shardings -- unless its type
+    names its layout (Explicit mesh axes), which jax.jit keeps too."""
+    sharding = _committed_sharding(value)
+    if (isinstance(sharding, jax.sharding.NamedSharding) and not sharding.is_fully_replicated
+            and not _layout_in_type(aval)):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(),
+                                          memory_kind=sharding.memory_kind)
+    return sharding
+
+
+def _layout_in_type(aval: Any) -> bool:
+    """Does ``aval``'s type say how it is laid out (a spec over Explicit axes)?"""
+    typed = getattr(aval, "sharding", None)
+    spec = getattr(typed, "spec", None)
+    return spec is not None and any(entry is not None for entry in spec)
 
 
 def _committed_sharding(x: Any):
@@ -311,8 +372,8 @@ class Executable:
                  exporter: Callable, program: Program | None = None, placed: bool = False,
                  lower_on: Callable | None = None):
         self.name = name
-        # Compiled without shardings: ``lower_on(device)`` compiles it for arguments
-        # committed to another single device; those executables by device.
+        # Compiled without asked-for layouts: ``lower_on(arg_shardings)`` compiles it
+        # for arguments committed elsewhere; those executables by argument shardings.
         self._lower_on = lower_on
         self._on_device: dict = {}
         self.program = program
@@ -343,36 +404,35 @@ class Executable:
                              what="executable")
         try:
             return self._fast(*leaves)
-        except ValueError:
-            # XLA refuses arguments on a device it did not compile for before
-            # running anything: follow them there when no placement was asked for.
-            moved = self._moved_for(leaves)
+        except ValueError as refused:
+            # XLA refuses arguments laid out otherwise than it compiled for before
+            # running anything: follow them when no placement was asked for.
+            moved = self._moved_for(leaves, refused)
             if moved is None:
                 raise
         return moved._fast(*leaves)
 
-    def _moved_for(self, leaves: list) -> "Executable | None":
-        """This executable on the one device all committed ``leaves`` are on, when it
-        was compiled without shardings and that device is not its own; else None."""
+    def _moved_for(self, leaves: list, refused: Exception) -> "Executable | None":
+        """This executable compiled for the shardings of the committed ``leaves``,
+        when it was compiled without asked-for layouts; else None."""
         if self._lower_on is None:
             return None
-        devices = {d for x in leaves
-                   if isinstance(x, jax.Array) and getattr(x, "committed", False)
-                   for d in x.sharding.device_set}
-        if len(devices) != 1:
+        key = tuple(x.sharding if isinstance(x, jax.Array) and getattr(x, "committed", False)
+                    else None for x in leaves)
+        if all(s is None for s in key):
             return None
-        device = devices.pop()
-        if device in self.devices:
-            return None
-        moved = self._on_device.get(device)
+        moved = self._on_device.get(key)
         if moved is None:
-            lowered, compiled = self._lower_on(device)
+            try:
+                lowered, compiled = self._lower_on(key)
+            except Exception as e:  # noqa: BLE001 -- a layout the program's types exclude
+                raise refused from e
             moved = Executable(name=self.name, compiled=compiled, lowered=lowered,
                                in_tree=self.in_tree, out_tree=self.out_tree, params=self.params,
                                input_avals=self._input_avals, n_params=self._n_params,
                                donated=self._donated, exporter=self._exporter,
                                program=self.program)
-            self._on_device[device] = moved
+            self._on_device[key] = moved
         return moved
 
     @property
@@ -703,5 +763,5 @@ def load_executable(path: str) -> Executable:
     return Executable(name=name, compiled=compiled, lowered=lowered, in_tree=in_tree,
                       out_tree=out_tree, params=params, input_avals=in_avals, n_params=n_params,
                       donated=tuple(donated), exporter=lambda in_s, out_s: exported,
-                      lower_on=(_lowerer_on_device(tree_fun, jit_kwargs, _specs(in_avals))
+                      lower_on=(_lowerer_on_one_device(tree_fun, jit_kwargs, _specs(in_avals))
                                 if layout is None else None))

@@ -149,13 +149,15 @@ class LinearRule:
 
 
 def _zeros(aval):
-    if jnp.issubdtype(aval.dtype, jax.dtypes.float0):
-        return np.zeros(aval.shape, jax.dtypes.float0)
-    return jnp.zeros(aval.shape, aval.dtype)
+    # Inside shard_map a zero must vary over the manual axes its value's type does:
+    # the rule bodies it is passed to were traced with those types.
+    return jx.zeros_of_type(aval)
 
 
 def _dense(t, aval):
-    if t is None or type(t) is SymbolicZero:
+    if type(t) is SymbolicZero:
+        return _zeros(t.aval)  # JAX's own type for the zero
+    if t is None:
         return _zeros(aval)
     return t
 

@@ -153,7 +153,9 @@ class Program:
             closed = forward_mode_jaxpr(self)
         else:
             closed = self.to_jaxpr()
-        outs = eval_jaxpr(closed.jaxpr, closed.consts, *self.params, *flat)
+        from ..jax_adapter import evaluating_program
+        with evaluating_program():  # custom_vjp rules in eager shard_map bodies
+            outs = eval_jaxpr(closed.jaxpr, closed.consts, *self.params, *flat)
         # Literal and constant outputs come back from the evaluator as numpy-like
         # values, and passed-through inputs as given: return jax.Arrays, as jax.jit does
         # (jnp.asarray keeps the dtype and weak type).  Tracers are jax.Arrays already.

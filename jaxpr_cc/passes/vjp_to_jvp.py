@@ -55,7 +55,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import jax.numpy as jnp
 import numpy as np
 
 from .. import jax_adapter as jx
@@ -410,7 +409,8 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
         outs = run(fwd, *c, *x)
         y, r = outs[:ny], outs[ny:]
         if rule is None:
-            t_y = [jnp.zeros(a.shape, a.dtype) for a in y_t_avals]
+            # Typed like the outputs (inside shard_map: their varying manual axes).
+            t_y = [jx.zeros_of_type(a.to_tangent_aval()) for a in y_t_avals]
         else:
             t_y = bind_linear_rule(rule, [*c, *(x if keep_x else ()), *r, *t])
         return [*y, *t_y]
