@@ -68,7 +68,7 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
             raise NotTransposableError(
                 f"{what}: linear input {i} is {in_avals[i].str_short()}; only float and complex "
                 f"inputs can be transposed")
-    problem = first_nonlinear_equation(closed.jaxpr, linear)
+    problem, affine = linearity(closed.jaxpr, linear)
     if problem is not None:
         raise _error(what, linear_name, problem)
     out_avals = list(closed.out_avals)
@@ -89,7 +89,25 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
 
         if not lin_examples:
             return []
-        return list(jax.linear_transpose(forward, *lin_examples)(list(cts)))
+        result = list(jax.linear_transpose(forward, *lin_examples)(list(cts)))
+        if affine:
+            # A constant was merged into the linear values (see _MERGES); the
+            # function is linear only if the constant parts never reach the
+            # outputs: check that they do not, at the values given (the function
+            # at a zero linear input is zero).  Where they do, the function is
+            # affine and has no transpose: the result is NaN rather than the
+            # transpose of its linear part.
+            full = [None] * len(in_avals)
+            for i, v in zip(other_pos, others):
+                full[i] = v
+            for i in lin_pos:
+                full[i] = jnp.zeros(in_avals[i].shape, in_avals[i].dtype)
+            at_zero = jx.eval_jaxpr(closed.jaxpr, (), *full)
+            linear_here = functools.reduce(
+                jnp.logical_and, [jnp.all(z == 0) for z, a in zip(at_zero, out_avals)
+                                  if jnp.issubdtype(a.dtype, jnp.inexact)], jnp.bool_(True))
+            result = [jnp.where(linear_here, r, jnp.full_like(r, jnp.nan)) for r in result]
+        return result
 
     t_avals = [in_avals[i] for i in other_pos] + [_ct_aval(a) for a in out_avals]
     try:
@@ -210,6 +228,19 @@ _AFFINE = "does not depend on the linear input and is not zero (an affine map, n
 
 
 _LENIENT = [0]
+# Counts the constants merged into linear values while one jaxpr is analysed
+# (outside lenient passes): see _MERGES.
+_MERGED = [0]
+
+# Primitives that place values side by side (the operands occupy different
+# positions of the result): a non-zero constant merged with the linear input
+# this way (a buffer of inf into which linear values are written, a selection
+# between a linear value and a constant) makes an affine value whose constant
+# part may never be read -- diffrax's save buffers.  Structure cannot tell, so
+# those are accepted here and checked where the function is transposed (its
+# value at a zero linear input must be zero).  A constant *added* to the linear
+# input (add, sub, scatter-add) shifts every value: refused.
+_MERGES = ("concatenate", "pad", "select_n", "dynamic_update_slice", "scatter")
 
 
 class _lenient:
@@ -226,8 +257,22 @@ class _lenient:
 def first_nonlinear_equation(jaxpr, linear: Sequence[bool]) -> "Problem | None":
     """The first equation that keeps ``jaxpr`` from being linear in the inputs
     marked ``linear`` (a :class:`Problem`), or None when none is found."""
-    found, _, _ = _scan(jaxpr, list(linear), [False] * len(linear), check_outputs=True)
-    return found
+    return linearity(jaxpr, linear)[0]
+
+
+def linearity(jaxpr, linear: Sequence[bool]) -> "tuple[Problem | None, bool]":
+    """``(problem, merged)``: the first equation that keeps ``jaxpr`` from being
+    linear in the inputs marked ``linear`` (or None), and whether a non-zero
+    constant is merged into the linear values somewhere (see ``_MERGES``): then
+    ``jaxpr`` is linear only if that constant never reaches its outputs, which
+    only its values can tell."""
+    saved = _MERGED[0]
+    _MERGED[0] = 0
+    try:
+        found, _, _ = _scan(jaxpr, list(linear), [False] * len(linear), check_outputs=True)
+        return found, _MERGED[0] > 0
+    finally:
+        _MERGED[0] = saved
 
 
 def _is_zero_literal(atom) -> bool:
@@ -273,6 +318,9 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
         if joint is not None:
             for pos in range(len(eqn.invars))[joint]:
                 if not flags[pos] and not zflags[pos] and not _LENIENT[0]:
+                    if name in _MERGES:
+                        _MERGED[0] += 1
+                        continue
                     return Problem(eqn, f"'{name}' adds operand {pos}, which {_AFFINE}"), None, None
         problem, outs, out_zero = _eqn_linearity(eqn, flags, zflags, used)
         if problem is not None:
@@ -355,7 +403,7 @@ def _cond_linearity(eqn, flags, zeros):
         return Problem(eqn, "a cond branch index that depends on the linear input"), None, None
     n_out = len(eqn.outvars)
     results = []
-    for branch in eqn.params["branches"]:
+    for branch in _taken_branches(eqn):
         problem, b_lin, b_zero = _scan(branch.jaxpr, flags[1:], zeros[1:], check_outputs=False)
         if problem is not None:
             return problem.within(eqn), None, None
@@ -363,11 +411,23 @@ def _cond_linearity(eqn, flags, zeros):
     outs = [any(r[0][k] for r in results) for k in range(n_out)]
     for j, (b_lin, b_zero) in enumerate(results):
         for k in range(n_out):
-            if outs[k] and not b_lin[k] and not b_zero[k]:
-                return Problem(eqn, f"branch {j} of a cond returns output {k}, which {_AFFINE}"), \
-                    None, None
+            if outs[k] and not b_lin[k] and not b_zero[k] and not _LENIENT[0]:
+                # A selection between a linear value and a constant: a merge.
+                _MERGED[0] += 1
     out_zero = [all(r[1][k] for r in results) for k in range(n_out)]
     return None, outs, out_zero
+
+
+def _taken_branches(eqn) -> list:
+    """The branches a cond can take: only one when its index is a literal (equinox
+    and diffrax emit ``cond(1, ...)`` for a branch decided at trace time, whose other
+    branch reads buffers that are affine in the linear input)."""
+    branches = list(eqn.params["branches"])
+    index = eqn.invars[0]
+    if isinstance(index, Literal) and np.ndim(index.val) == 0:
+        # lax.cond/switch clamp the index into range.
+        return [branches[int(np.clip(int(index.val), 0, len(branches) - 1))]]
+    return branches
 
 
 def _scan_linearity(eqn, flags, zeros):
@@ -482,7 +542,7 @@ def _eqn_reaches(eqn, flags) -> list[bool]:
         if flags[0]:
             return [True] * n_out
         outs = [False] * n_out
-        for branch in p["branches"]:
+        for branch in _taken_branches(eqn):
             outs = [a or b for a, b in zip(outs, _reaches(branch.jaxpr, list(flags[1:])))]
         return outs
     sub = _sub_jaxpr(eqn)
@@ -494,13 +554,18 @@ def _eqn_reaches(eqn, flags) -> list[bool]:
 class _WhileSplit:
     """How a while_loop reads the linear input: which loop constants and carries
     carry it, and whether its stopping test reads them (a loop to convergence)."""
-    __slots__ = ("cc", "bc", "const_lin", "carry_lin", "carry_zero", "converges", "varying")
+    __slots__ = ("cc", "bc", "const_lin", "carry_lin", "carry_zero", "converges", "varying",
+                 "carry_affine")
 
-    def __init__(self, cc, bc, const_lin, carry_lin, carry_zero, converges, varying):
+    def __init__(self, cc, bc, const_lin, carry_lin, carry_zero, converges, varying,
+                 carry_affine=None):
         self.cc, self.bc = cc, bc
         self.const_lin, self.carry_lin = const_lin, carry_lin
         self.carry_zero, self.converges = carry_zero, converges
         self.varying = varying  # the linear map reads the other carries
+        # Linear carries with a constant part: they start from (or the body sets
+        # them to) a value that does not carry the linear input and is not zero.
+        self.carry_affine = carry_affine or [False] * len(carry_lin)
 
 
 def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
@@ -530,18 +595,30 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
         return problem.within(eqn), None
     if outs is None:  # lenient: a problem inside, every carry it reaches is linear
         outs, out_zero = lin, [False] * len(lin)
-    if check:
+    # An affine carry (a save buffer filled with inf, then overwritten with the
+    # linear values) is its constant part, computed by the loop with the linear
+    # input zeroed, plus its linear part, which is transposed.  Whether the
+    # constant parts cancel by the time they reach the outputs is checked where
+    # they do (transpose_linear), not assumed.
+    affine = [bool(flag) and ((not init_lin[k] and not init_zero[k])
+                              or (not outs[k] and not out_zero[k]))
+              for k, flag in enumerate(lin)]
+    if check and any(affine) and not _LENIENT[0]:
+        _MERGED[0] += 1
+    reads_n = _reaches(body, [False] * bc + [not f for f in lin])
+    varying = any(r and f for r, f in zip(reads_n, lin))
+    converges = any(_reaches(cond, [False] * cc + lin))
+    if check and converges:
         for k, flag in enumerate(lin):
             if not flag:
                 continue
+            # A loop to convergence is transposed as the fixed point of its linear
+            # map; a constant part would move that fixed point.
             if not init_lin[k] and not init_zero[k]:
                 return Problem(eqn, f"while_loop carry {k} starts from a value that {_AFFINE}"), None
             if not outs[k] and not out_zero[k]:
                 return (Problem(eqn, f"the while_loop body sets carry {k} to a value that "
                                      f"{_AFFINE}"), None)
-    reads_n = _reaches(body, [False] * bc + [not f for f in lin])
-    varying = any(r and f for r, f in zip(reads_n, lin))
-    converges = any(_reaches(cond, [False] * cc + lin))
     if varying and converges:
         return (Problem(eqn, "a while_loop that stops on a test of the linear input and whose "
                              "linear update reads a carry that does not carry it (a counter or "
@@ -553,7 +630,7 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
                              "linear input"), None)
     if converges and not any(lin[k] for k in range(len(lin))):
         converges = False
-    return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges, varying)
+    return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges, varying, affine)
 
 
 def _while_linearity(eqn, flags, zeros, used):
@@ -688,13 +765,21 @@ def _bind_linear_while(eqn, invals, flags, used):
     b_consts, init = list(invals[cc:cc + bc]), list(invals[cc + bc:])
     b_avals = [v.aval for v in body.jaxpr.invars]
     const_avals, carry_avals = b_avals[:bc], b_avals[bc:]
+    carry_flags = flags[cc + bc:]
+    # Affine carries whose start is a constant (not the linear input): the linear
+    # part starts from zero, the constant part from that start.
+    const_start = [a and not f for a, f in zip(split.carry_affine, carry_flags)]
+    a_init = [x for x, f in zip(init, const_start) if f]
+    init = [jnp.zeros_like(x) if f else x for x, f in zip(init, const_start)]
     res = [*c_consts, *[b for b, f in zip(b_consts, const_lin) if not f],
-           *[x for x, f in zip(init, carry_lin) if not f]]
+           *[x for x, f in zip(init, carry_lin) if not f], *a_init]
     lin = [*[b for b, f in zip(b_consts, const_lin) if f],
            *[x for x, f in zip(init, carry_lin) if f]]
     n_nl_const = bc - sum(const_lin)
+    n_n_init = len(carry_lin) - sum(carry_lin)
     lin_const_avals = [a for a, f in zip(const_avals, const_lin) if f]
     lin_carry_avals = [a for a, f in zip(carry_avals, carry_lin) if f]
+    lin_const_start = [f for f, lf in zip(const_start, carry_lin) if lf]
 
     def merge(flags_, lin_vals, other_vals):
         lin_it, other_it = iter(lin_vals), iter(other_vals)
@@ -702,15 +787,29 @@ def _bind_linear_while(eqn, invals, flags, used):
 
     def split_res(r):
         r = list(r)
-        return r[:cc], r[cc:cc + n_nl_const], r[cc + n_nl_const:]
+        cut = cc + n_nl_const + n_n_init
+        return r[:cc], r[cc:cc + n_nl_const], r[cc + n_nl_const:cut]
 
-    def callee(r, lv):
+    def run_loop(r, lv):
+        """The loop's linear carries, from the linear values ``lv`` (plus the
+        constant starts of affine carries)."""
         cv, nl_consts, n_init = split_res(r)
+        starts = iter(list(r)[cc + n_nl_const + n_n_init:])
         lv = list(lv)
+        l_car = [v + next(starts) if f else v
+                 for v, f in zip(lv[len(lin_const_avals):], lin_const_start)]
         ops = [*cv, *merge(const_lin, lv[:len(lin_const_avals)], nl_consts),
-               *merge(carry_lin, lv[len(lin_const_avals):], n_init)]
+               *merge(carry_lin, l_car, n_init)]
         outs = jx.eval_equation(eqn, ops)
         return [o for o, f in zip(outs, carry_lin) if f]
+
+    def callee(r, lv):
+        if not any(split.carry_affine):
+            return run_loop(r, lv)
+        # Affine in lv: the linear part is the derivative (at lv = 0), which
+        # drops the constant part exactly (no inf - inf).
+        lv = list(lv)
+        return jax.jvp(lambda *v: run_loop(r, v), [jnp.zeros_like(v) for v in lv], lv)[1]
 
     def zeros_of(avals):
         return [jnp.zeros(a.shape, a.dtype) for a in avals]
@@ -790,17 +889,23 @@ def _bind_linear_while(eqn, invals, flags, used):
     outs, l_it = [], iter(l_out)
     need_n = any(not f and v in used for f, v in zip(carry_lin, eqn.outvars))
     n_out = None
-    if need_n:
+    if need_n or any(split.carry_affine):
         # Counted loops only (checked): the other carries do not depend on the
-        # linear input; run the loop with it zeroed to get them.
+        # linear input; run the loop with it zeroed to get them, and the
+        # constant parts of affine carries.
+        starts = iter(a_init)
+        lin_start = [next(starts) if f else jnp.zeros(a.shape, a.dtype)
+                     for f, a in zip(lin_const_start, lin_carry_avals)]
         ops = [*c_consts, *merge(const_lin, zeros_of(lin_const_avals),
                                  [b for b, f in zip(b_consts, const_lin) if not f]),
-               *merge(carry_lin, zeros_of(lin_carry_avals),
+               *merge(carry_lin, lin_start,
                       [x for x, f in zip(init, carry_lin) if not f])]
         n_out = jx.eval_equation(eqn, ops)
     for k in range(n_carry):
         if carry_lin[k]:
-            outs.append(next(l_it))
+            part = next(l_it)
+            outs.append(part + n_out[k] if split.carry_affine[k] and n_out is not None
+                        else part)
         elif n_out is not None:
             outs.append(n_out[k])
         else:
