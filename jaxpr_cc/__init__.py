@@ -44,6 +44,43 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
+# Program lives in ir, which the later layers build on, yet some of its user methods are
+# served by layers above ir (from_jaxpr, to_jaxpr, __call__, save).  ir may not import
+# them, so ir/program_services.py names what Program needs and this module -- above
+# every layer, and always run before any module of the package -- provides it.  Each
+# provider imports its module when first called, so importing jaxpr_cc still loads no
+# backend or file format.
+def _region_from_closed_jaxpr(closed_jaxpr, arg_names):
+    from .frontend.from_jaxpr import region_from_closed_jaxpr
+    return region_from_closed_jaxpr(closed_jaxpr, arg_names)
+
+
+def _region_to_closed_jaxpr(region):
+    from .backends.jaxpr import region_to_closed_jaxpr
+    return region_to_closed_jaxpr(region)
+
+
+def _forward_mode_jaxpr(program):
+    from .passes.vjp_to_jvp import forward_mode_jaxpr
+    return forward_mode_jaxpr(program)
+
+
+def _save_program(program, path) -> None:
+    from .io.api import save
+    save(program, path)
+
+
+def _provide_program_services() -> None:
+    from .ir import program_services
+    program_services.provide(region_from_closed_jaxpr=_region_from_closed_jaxpr,
+                             region_to_closed_jaxpr=_region_to_closed_jaxpr,
+                             forward_mode_jaxpr=_forward_mode_jaxpr,
+                             save_program=_save_program)
+
+
+_provide_program_services()
+
+
 def __getattr__(name: str) -> Any:
     try:
         module, attr = _EXPORTS[name]

@@ -1,6 +1,6 @@
 """Where jaxpr-cc writes, and the command line's rough edges (issue 18).
 
-* The one file writer (``jaxpr_cc.io.atomic``): a regular file is replaced atomically
+* The one file writer (``jaxpr_cc.storage.atomic``): a regular file is replaced atomically
   with the user's umask (a replaced file keeps its mode), a FIFO or device is written
   in place and never replaced, a symlink's target is written and the link kept.
 * ``-o -`` is stdout on every subcommand that writes; CLI outputs get the umask.
@@ -32,7 +32,7 @@ from jaxpr_cc.cli import cmd_demo
 from jaxpr_cc.cli.main import build_parser, main
 from jaxpr_cc.examples import fixed_point as ex
 from jaxpr_cc.io import SaveError, dumps, loads
-from jaxpr_cc.io.atomic import write_bytes, write_file
+from jaxpr_cc.storage.atomic import write_bytes, write_file
 from jaxref import assert_trees_equal
 
 MODEL = textwrap.dedent('''

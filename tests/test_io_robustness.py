@@ -288,7 +288,7 @@ def huge_shapes():
 
 def _npy_header(descr: str, shape: tuple) -> bytes:
     """A canonical .npy preamble and header declaring ``shape`` (data not included)."""
-    from jaxpr_cc.io.npy import _MAGIC, _header
+    from jaxpr_cc.storage.npy import _MAGIC, _header
     header = _header(descr, shape)
     return _MAGIC + struct.pack("<H", len(header)) + header
 

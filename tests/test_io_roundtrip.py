@@ -606,7 +606,7 @@ def test_interrupted_save_leaves_no_partial_file(tmp_path):
     target.write_bytes(old)
     script = textwrap.dedent("""
         import os, signal, sys, jax.numpy as jnp, jaxpr_cc
-        from jaxpr_cc.io import atomic
+        from jaxpr_cc.storage import atomic
         def dying(fd):  # the process dies while the new file is being written
             os.kill(os.getpid(), signal.SIGKILL)
         atomic.os.fsync = dying
@@ -616,7 +616,7 @@ def test_interrupted_save_leaves_no_partial_file(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert target.read_bytes() == old  # the old file is untouched
     # and an exception while writing removes the temporary file as well
-    from jaxpr_cc.io.atomic import write_file
+    from jaxpr_cc.storage.atomic import write_file
 
     def failing(f):
         f.write(b"partial")

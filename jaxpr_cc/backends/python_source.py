@@ -96,7 +96,7 @@ def write_python(program, path, *, inline_limit: int = INLINE_LIMIT) -> list[pat
 
 
 def _atomic_write(path: pathlib.Path, write) -> None:
-    from ..io.atomic import write_file  # jaxpr-cc's one file writer
+    from ..storage.atomic import write_file  # jaxpr-cc's one file writer
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file(path, write)
 

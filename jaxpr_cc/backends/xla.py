@@ -445,8 +445,8 @@ class Executable:
         # A loaded executable rebuilds namedtuples as fresh classes (the caller's own
         # namedtuple of the same name and fields has the same leaves in the same
         # order), and a loaded program holds custom nodes as data: both compared by
-        # io.pytrees; a live namedtuple class is compared as itself, as jax.jit does.
-        from ..io.pytrees import same_saved_structure
+        # storage.pytrees; a live namedtuple class is compared as itself, as jax.jit does.
+        from ..storage.pytrees import same_saved_structure
         if not same_saved_structure(tree, self.in_tree):
             from ..ir.calling_convention import structure_mismatch
             raise TypeError(f"{self.name}: {structure_mismatch(tree, self.in_tree)}; arguments "

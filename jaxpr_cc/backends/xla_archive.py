@@ -12,8 +12,9 @@ Members:
   ``allow_pickle=False``.
 
 Reading a file imports nothing it names and evaluates nothing it contains: pytree
-structures and arrays use the saved-program format's codecs (``jaxpr_cc.io``), which
-rebuild namedtuples without importing and read ``.npy`` headers strictly.  Every
+structures and arrays use the codecs the saved-program format uses too
+(``jaxpr_cc.storage``), which rebuild namedtuples without importing and read ``.npy``
+headers strictly.  Every
 failure while reading is a :class:`LoadError` naming the file and what is wrong.
 """
 from __future__ import annotations
@@ -27,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from ..io import dtypes as _dtypes
-from ..io import pytrees as _pytrees
-from ..io.errors import FormatError, LoadError, SaveError
-from ..io.atomic import write_file
-from ..io.npy import decode_npy, encode_npy
+from ..storage import dtypes as _dtypes
+from ..storage import pytrees as _pytrees
+from ..storage.errors import FormatError, LoadError, SaveError
+from ..storage.atomic import write_file
+from ..storage.npy import decode_npy, encode_npy
 
 FORMAT_NAME = "jaxpr-cc-executable"
 FORMAT_VERSION = 1
@@ -44,7 +45,7 @@ _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 # --------------------------------------------------------------------- archive
 def write_archive(path: str, manifest: dict, members: dict[str, bytes]) -> None:
     """Write the archive with jaxpr-cc's one file writer (atomic for regular files:
-    readers never see a half-written file; see :mod:`jaxpr_cc.io.atomic`)."""
+    readers never see a half-written file; see :mod:`jaxpr_cc.storage.atomic`)."""
     manifest = dict(manifest)
     manifest["files"] = {name: hashlib.sha256(data).hexdigest()
                          for name, data in sorted(members.items())}

@@ -57,7 +57,7 @@ def _python_backend(where: str):
 
 
 def write_python_file(program, path: str, where: str) -> None:
-    from ..io.errors import SaveError
+    from ..storage.errors import SaveError
     from .output import write_errors
     backend = _python_backend(where)
     with write_errors(path):

@@ -161,12 +161,12 @@ def _weak_if_traced_so(value, aval):
 def _convert(value, aval, key: str, where: str):
     import jax
     import numpy as np
-    from ..io import dtypes as io_dtypes
+    from ..storage import dtypes as storage_dtypes
     shape = tuple(aval.shape)
     dtype = aval.dtype
-    impl = io_dtypes.dtype_name(dtype)
+    impl = storage_dtypes.dtype_name(dtype)
     if impl is not None and impl.startswith("key<"):
-        data_dtype, data_shape = io_dtypes.storage_layout(dtype, shape)
+        data_dtype, data_shape = storage_dtypes.storage_layout(dtype, shape)
         if value.dtype != data_dtype or value.shape != data_shape:
             raise CliError(f"{where}: {key} must be the key data of {impl}{list(shape)}: "
                            f"{data_dtype}{list(data_shape)}, got {value.dtype}{list(value.shape)}")

@@ -1,5 +1,5 @@
 """Writing command results: ``-o -`` is stdout on every subcommand; anything else goes
-through jaxpr-cc's one file writer (:mod:`jaxpr_cc.io.atomic`): a regular file is
+through jaxpr-cc's one file writer (:mod:`jaxpr_cc.storage.atomic`): a regular file is
 replaced atomically (an interrupted command leaves no partial output), a device or
 FIFO is written in place and never replaced, a symlink's target is written, and new
 files get the user's umask.
@@ -186,7 +186,7 @@ def write_output(path: str, data: bytes | str) -> None:
                            "stdout or give a file name")
         write_stdout(raw)
         return
-    from ..io.atomic import write_bytes
+    from ..storage.atomic import write_bytes
     with write_errors(path):
         write_bytes(path, raw)
 
@@ -194,7 +194,7 @@ def write_output(path: str, data: bytes | str) -> None:
 @contextlib.contextmanager
 def write_errors(path: str):
     """The file writer's errors for ``path`` as one-line CLI errors."""
-    from ..io.errors import SaveError
+    from ..storage.errors import SaveError
     try:
         yield
     except SaveError as e:
@@ -205,11 +205,11 @@ def write_errors(path: str):
 
 def check_writable(path: str) -> None:
     """Fail early (before a long step) when ``path`` cannot be written; the same
-    rules as the file writer's (:func:`jaxpr_cc.io.atomic.check_path`)."""
+    rules as the file writer's (:func:`jaxpr_cc.storage.atomic.check_path`)."""
     if results_path(path) == STDOUT:
         return
-    from ..io.atomic import check_path
-    from ..io.errors import SaveError
+    from ..storage.atomic import check_path
+    from ..storage.errors import SaveError
     try:
         check_path(path)
     except SaveError as e:

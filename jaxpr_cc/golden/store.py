@@ -9,7 +9,7 @@ A directory of view files under ``expected/`` whose program does not exist is
 *stale*, as is a view file the program no longer produces; a program without a
 directory under ``expected/`` is *missing*.  Files that are not named like views
 (a README, say) are left alone.  Files are UTF-8 with ``\\n`` line ends and are written
-atomically (by :mod:`jaxpr_cc.io.atomic`), and only
+atomically (by :mod:`jaxpr_cc.storage.atomic`), and only
 when their content changed, so an update touches nothing else.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def read_text(path: pathlib.Path) -> str:
 
 
 def write_text_atomic(path: pathlib.Path, text: str) -> None:
-    from ..io.atomic import write_bytes  # jaxpr-cc's one file writer
+    from ..storage.atomic import write_bytes  # jaxpr-cc's one file writer
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes(path, text.encode("utf-8"))
 

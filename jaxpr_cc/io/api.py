@@ -7,9 +7,9 @@ import json
 import os
 import re
 
-from .errors import FormatError, LoadError, SaveError
+from ..storage.errors import FormatError, LoadError, SaveError
 from . import format as container
-from .atomic import write_bytes
+from ..storage.atomic import write_bytes
 
 _RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 
@@ -82,7 +82,7 @@ def dumps(program) -> bytes:
 
 def save(program, path) -> None:
     """Write ``program`` to ``path``: a regular file atomically, a device or FIFO in
-    place, a symlink's target (see :mod:`jaxpr_cc.io.atomic`).
+    place, a symlink's target (see :mod:`jaxpr_cc.storage.atomic`).
 
     Raises ``SaveError`` (before anything is written) when the program holds
     something the format cannot represent, e.g. a Python callable in a parameter of
@@ -158,7 +158,7 @@ def restore_structure(program, like=None, like_kwargs=None, *, name: str = "<pro
     from jax import tree_util
 
     from ..ir.calling_convention import check_argument_types, structure_mismatch
-    from . import pytrees
+    from ..storage import pytrees
     if like is not None and not isinstance(like, (tuple, list)):
         raise LoadError(name, f"like must be a tuple of example positional arguments, got a "
                               f"{type(like).__name__} (for one argument write like=(x,))")

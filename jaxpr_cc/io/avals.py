@@ -13,8 +13,9 @@ import re
 from typing import Any
 
 from ..jax_adapter import AbstractToken, ManualAxisType, MemorySpace, ShapedArray, abstract_token
-from . import dtypes, shardings
-from .errors import FormatError, SaveError
+from ..storage import dtypes
+from . import shardings
+from ..storage.errors import FormatError, SaveError
 
 _SHORT = re.compile(r"(~?)([a-z0-9_]+|key<[a-z0-9_]+>)\[((?:[0-9]{1,19}(?:,[0-9]{1,19})*)?)\]")
 _X64_ONLY = {"int64", "uint64", "float64", "complex128"}

@@ -21,9 +21,10 @@ from ..ir.value import Value
 from ..jax_adapter import (DebugInfo, Literal, NameScope, NameStack, NameTransform,
                            make_eqn_context, make_source_info)
 from . import effects as effects_codec
-from . import primitives, pytrees, shardings
+from ..storage import pytrees
+from . import primitives, shardings
 from .avals import AvalCodec
-from .errors import FormatError
+from ..storage.errors import FormatError
 from .param_codecs import ParamDecoder
 from .values import ArraySource, decode_host_value
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..jax_adapter import (GenericEffect, JaxprInputEffect, NamedAxisEffect, known_effects,
                            no_effects, ref_effect_types)
 from . import primitives
-from .errors import FormatError, SaveError
+from ..storage.errors import FormatError, SaveError
 
 _BY_NAME = known_effects()
 _NAMES = {id(e): name for name, e in _BY_NAME.items()}

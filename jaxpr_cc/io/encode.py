@@ -16,9 +16,10 @@ from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import NameScope, NameTransform, eqn_context_fields
 from . import effects as effects_codec
-from . import pytrees, shardings
+from ..storage import pytrees
+from . import shardings
 from .avals import AvalCodec
-from .errors import SaveError
+from ..storage.errors import SaveError
 from .param_codecs import ParamEncoder
 from .values import ArrayTable, encode_host_value
 

@@ -26,7 +26,7 @@ import struct
 import zlib
 from typing import BinaryIO, Callable, Sequence
 
-from .errors import FormatError, SaveError
+from ..storage.errors import FormatError, SaveError
 
 FORMAT_NAME = "jaxpr-cc saved program"
 FORMAT_VERSION = 3  # the newest version this code writes and reads (2: shared param sets; 3: sharded values)

@@ -32,8 +32,9 @@ from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Ja
                            UNSPECIFIED, array_copy_semantics_type, dots_saveable_type,
                            linear_solve_tuple_type, param_enum_types, prng_impl_by_name,
                            prng_impl_type, WrappedFun)
-from . import dtypes, effects, primitives, pytrees, shardings
-from .errors import FormatError, SaveError
+from ..storage import dtypes, pytrees
+from . import effects, primitives, shardings
+from ..storage.errors import FormatError, SaveError
 
 _MAX_DEPTH = 200
 # Tags whose values compare by identity; equal payloads decode to one shared object.

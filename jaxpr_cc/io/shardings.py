@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FormatError, SaveError
+from ..storage.errors import FormatError, SaveError
 
 
 class MissingDevicesError(FormatError):

@@ -22,7 +22,7 @@ from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import Jaxpr, JaxprInputEffect, JaxprTypeError, NamedAxisEffect, check_jaxpr
-from .errors import FormatError
+from ..storage.errors import FormatError
 
 
 def _signature(eqn) -> Any:

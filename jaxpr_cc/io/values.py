@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from ..jax_adapter import TypedComplex, TypedFloat, TypedInt, TypedNdArray, weak_device_array
-from . import dtypes
-from .errors import FormatError, SaveError
-from .npy import decode_npy, encode_npy
+from ..storage import dtypes
+from ..storage.errors import FormatError, SaveError
+from ..storage.npy import decode_npy, encode_npy
 
 _PYTHON_DTYPE = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
 _TYPED = {TypedInt: int, TypedFloat: float, TypedComplex: complex}

@@ -178,7 +178,7 @@ def _node_kind(node_data) -> str:
     node_type, aux = node_data
     if node_type is type(None):
         return "None"
-    from ..io.pytrees import SavedNode
+    from ..storage.pytrees import SavedNode
     if node_type is SavedNode:
         return f"a {aux[0]}.{aux[1]} (a custom pytree node read from a file)"
     return f"a {node_type.__module__}.{node_type.__qualname__}" \
@@ -229,7 +229,7 @@ def _first_difference(given, expected, keys: tuple, vouched: bool = False) -> st
     g_type = None if g_data is None else g_data[0]
     e_type = None if e_data is None else e_data[0]
     here = _path_text(keys)
-    from ..io.pytrees import SavedNode, saved_node_difference
+    from ..storage.pytrees import SavedNode, saved_node_difference
     saved_fits = False  # a live node standing for a saved custom node, itself fitting
     if g_type is not e_type:
         if e_type is SavedNode and g_data is not None and _same_name(g_type, e_data[1]):

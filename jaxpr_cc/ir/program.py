@@ -6,6 +6,7 @@ from typing import Any, Sequence
 import jax
 from jax import tree_util
 
+from . import program_services  # what the layers above ir serve Program (see there why)
 from .region import Region
 from .value import Value
 
@@ -44,7 +45,6 @@ class Program:
         Without trees, the program takes the jaxpr's inputs as positional arguments
         and returns a list of its outputs, like ``jax.core.jaxpr_as_fun``.
         """
-        from ..frontend.from_jaxpr import region_from_closed_jaxpr
         jaxpr = closed_jaxpr.jaxpr
         n_in, n_out = len(jaxpr.invars), len(jaxpr.outvars)
         if in_tree is None:
@@ -57,7 +57,7 @@ class Program:
                 f"for {n_in} inputs, out_tree {out_tree.num_leaves} leaves for {n_out} outputs")
         if arg_names is None and jaxpr.debug_info is not None and jaxpr.debug_info.arg_names:
             arg_names = list(jaxpr.debug_info.arg_names)
-        body = region_from_closed_jaxpr(closed_jaxpr, arg_names)
+        body = program_services.region_from_closed_jaxpr(closed_jaxpr, arg_names)
         if name is None:
             dbg = jaxpr.debug_info
             name = dbg.func_name if dbg is not None and dbg.func_name else "program"
@@ -65,8 +65,7 @@ class Program:
 
     def to_jaxpr(self):
         """Emit a ``ClosedJaxpr`` whose inputs are ``params`` then the flat arguments."""
-        from ..backends.jaxpr import region_to_closed_jaxpr
-        return region_to_closed_jaxpr(self.body)
+        return program_services.region_to_closed_jaxpr(self.body)
 
     def copy(self) -> "Program":
         from .clone import clone_region
@@ -133,8 +132,8 @@ class Program:
 
     def _check_structure(self, tree) -> None:
         from .calling_convention import structure_mismatch
-        from ..io.pytrees import same_saved_structure
-        # A loaded program holds custom pytree nodes as data (io/pytrees.py); the
+        from ..storage.pytrees import same_saved_structure
+        # A loaded program holds custom pytree nodes as data (storage/pytrees.py); the
         # caller's own objects fit when they flatten to the same node types, keys
         # and children.
         if same_saved_structure(tree, self.in_tree):
@@ -149,8 +148,7 @@ class Program:
         from ..jax_adapter import inside_autodiff, is_autodiff_tracer
         if inside_autodiff() or any(map(is_autodiff_tracer, flat)):
             # Differentiated: custom_vjp rules get a forward mode (passes/vjp_to_jvp.py).
-            from ..passes.vjp_to_jvp import forward_mode_jaxpr
-            closed = forward_mode_jaxpr(self)
+            closed = program_services.forward_mode_jaxpr(self)
         else:
             closed = self.to_jaxpr()
         from ..jax_adapter import evaluating_program
@@ -192,8 +190,7 @@ class Program:
     def save(self, path) -> None:
         """Write this program to ``path`` in the saved-program format (docs/format.md);
         ``jaxpr_cc.load(path)`` reads it back."""
-        from ..io import save
-        save(self, path)
+        program_services.save_program(self, path)
 
     def is_first_order(self) -> bool:
         """True when no parameter anywhere holds a Python callable and no nested region

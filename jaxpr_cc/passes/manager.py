@@ -326,7 +326,7 @@ def write_reproducer(program, pipeline: str, pass_name: str,
 
 
 def _write_text_atomic(path: str, text: str) -> None:
-    from ..io.atomic import write_bytes  # jaxpr-cc's one file writer
+    from ..storage.atomic import write_bytes  # jaxpr-cc's one file writer
     write_bytes(path, text.encode("utf-8"))
 
 
