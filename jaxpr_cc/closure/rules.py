@@ -179,72 +179,136 @@ class _Saved:
         return cls(mode, *children)
 
 
+def _real_directions(value):
+    """The real directions of ``value`` as a basis of shape ``(m, *shape)``: one per
+    element, and for a complex value also ``1j`` per element (m = 2n)."""
+    shape, dtype = jnp.shape(value), jnp.result_type(value)
+    n = int(np.prod(shape))
+    eye = jnp.eye(n, dtype=jnp.finfo(dtype).dtype).reshape((n, *shape))
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return jnp.concatenate([eye.astype(dtype), (1j * eye).astype(dtype)])
+    return eye.astype(dtype)
+
+
+def _direction_weights(tangent):
+    """A tangent's coordinates in ``_real_directions``: its real parts, then (complex)
+    its imaginary parts, flat."""
+    t = jnp.ravel(jnp.asarray(tangent))
+    if jnp.issubdtype(t.dtype, jnp.complexfloating):
+        return jnp.concatenate([jnp.real(t), jnp.imag(t)])
+    return t
+
+
+def _jacobian_columns(f, wrt):
+    """``(*xs) -> columns``: for each input index in ``wrt`` and each output of ``f``,
+    the output's jvp along every real direction of that input, stacked on a leading
+    axis (``(m, *out_shape)``), all by forward mode."""
+    def columns(*xs):
+        out = []
+        for k in wrt:
+            def along(direction, k=k):
+                probe = [jnp.zeros_like(x) if is_inexact(jx.typeof(x)) else
+                         np.zeros(jnp.shape(x), jax.dtypes.float0) for x in xs]
+                probe[k] = direction
+                return list(jax.jvp(f, tuple(xs), tuple(probe))[1])
+            out.extend(jax.vmap(along)(_real_directions(xs[k])))
+        return out
+    return columns
+
+
+def forward_only(f):
+    """``f`` (flat arrays -> flat inexact arrays) as a function whose derivatives of
+    every order are formed by forward mode.
+
+    Its jvp is the Jacobian's columns (forward mode, see ``_jacobian_columns``)
+    contracted with the tangents: linear in the tangents, so reverse mode transposes
+    the contraction and never the forward-mode pass itself, which may run through a
+    while_loop.  The columns are ``forward_only`` again, so the next derivative, in
+    either mode, is formed the same way: one more forward-mode pass per order."""
+    g = jax.custom_jvp(f)
+
+    def jvp(primals, tangents):
+        outs = g(*primals)
+        hot = [k for k, t in enumerate(tangents)
+               if type(t) is not SymbolicZero and is_inexact(jx.typeof(primals[k]))]
+        t_outs = [jnp.zeros(jnp.shape(o), jnp.result_type(o)) for o in outs]
+        if hot:
+            cols = forward_only(_jacobian_columns(f, hot))(*primals)
+            it = iter(cols)
+            for k in hot:
+                w = _direction_weights(tangents[k])
+                for j in range(len(outs)):
+                    col = next(it)
+                    t_outs[j] = t_outs[j] + jnp.tensordot(w.astype(col.dtype), col, axes=1)
+        return outs, t_outs
+
+    g.defjvp(jvp, symbolic_zeros=True)
+    # It closes over jaxprs only: a trace session leaves it to JAX, as it does the
+    # functions rebuilt from first-order rules.
+    g._jaxpr_cc_rebuilt = True
+    return g
+
+
 def _forward_const_cotangents(call, consts, args, hot, cts, out_avals):
-    """Cotangents of the perturbed closed-over values by forward mode: one jvp per
-    real direction of each value (vmapped), paired with the output cotangents.
-    Works through while_loop, where reverse mode does not.
+    """Cotangents of the perturbed closed-over values by forward mode: the Jacobian's
+    columns (one jvp per real direction of each value, vmapped), paired with the
+    output cotangents.  Works through while_loop, where reverse mode does not; the
+    columns come from ``forward_only``, so this is differentiable again, to any order.
 
     JAX pairs a cotangent with a tangent by ``Re(sum(ct * t))`` (no conjugate), so a
     complex value ``v`` has two directions per element, ``1`` and ``1j``, and its
     cotangent is ``pair(1) - 1j * pair(1j)``.  Each value's pairings accumulate in
     its own real dtype (float64 under ``jax_enable_x64``).
     """
+    nc = len(consts)
+    inexact_outs = [j for j, a in enumerate(out_avals) if is_inexact(a)]
+
+    def outputs(*ops):
+        got = run(call, *ops)
+        return [got[j] for j in inexact_outs]
+
+    cols = iter(forward_only(_jacobian_columns(outputs, list(hot)))(*consts, *args))
     out = []
     for i in hot:
         value = consts[i]
         shape, dtype = jnp.shape(value), jnp.result_type(value)
         real_dtype = jnp.finfo(dtype).dtype
         n = int(np.prod(shape))
-
-        def f(v, i=i):
-            full = list(consts)
-            full[i] = v
-            return run(call, *full, *args)
-
-        def pair(tangent, f=f, value=value, real_dtype=real_dtype):
-            _, t_out = jax.jvp(f, (value,), (tangent,))
-            total = jnp.zeros((), real_dtype)
-            for t, ct, a in zip(t_out, cts, out_avals):
-                if is_inexact(a) and ct is not None:
-                    total = total + jnp.real(jnp.sum(t * ct)).astype(real_dtype)
-            return total
-
-        eye = jnp.eye(n, dtype=real_dtype).reshape((n, *shape))
+        pairs = jnp.zeros((2 * n if jnp.issubdtype(dtype, jnp.complexfloating) else n,),
+                          real_dtype)
+        for j in inexact_outs:
+            col, ct = next(cols), cts[j]
+            if ct is not None:
+                paired = jnp.real(jnp.sum(col * ct, axis=tuple(range(1, col.ndim))))
+                pairs = pairs + paired.astype(real_dtype)
         if jnp.issubdtype(dtype, jnp.complexfloating):
-            basis = jnp.concatenate([eye.astype(dtype), (1j * eye).astype(dtype)])
-            pairs = jax.vmap(pair)(basis)
             ct_value = pairs[:n] - 1j * pairs[n:].astype(dtype)
         else:
-            ct_value = jax.vmap(pair)(eye.astype(dtype))
+            ct_value = pairs
         out.append(ct_value.reshape(shape).astype(dtype))
     return out
 
 
-def _jacobian_tangents(f, values, tangents, out_avals):
-    """``jvp(f, values, tangents)[1]`` as ``J @ t``: the Jacobian's columns by forward
-    mode (one per real direction; complex values have ``1`` and ``1j`` per element),
-    contracted with the real and imaginary parts of the tangents."""
+def _jacobian_tangents(call, ops, hot, tangents, out_avals):
+    """``jvp(call)`` at ``ops`` along ``tangents`` of the operands ``hot``, as ``J @ t``:
+    the Jacobian's columns by forward mode (``forward_only``: one per real direction;
+    complex values have ``1`` and ``1j`` per element), contracted with the real and
+    imaginary parts of the tangents: linear in the tangents, and differentiable again
+    to any order.  Every operand is passed explicitly: ``forward_only`` traces its
+    derivative later, when the caller's trace may have ended."""
+    inexact_outs = [j for j, a in enumerate(out_avals) if is_inexact(a)]
+
+    def outputs(*vs):
+        got = run(call, *vs)
+        return [got[j] for j in inexact_outs]
+
+    cols = iter(forward_only(_jacobian_columns(outputs, list(hot)))(*ops))
     extra = [jnp.zeros(a.shape, a.dtype) if is_inexact(a) else None for a in out_avals]
-    for k, (value, tangent) in enumerate(zip(values, tangents)):
-        shape, dtype = jnp.shape(value), jnp.result_type(value)
-        real_dtype = jnp.finfo(dtype).dtype
-        n = int(np.prod(shape))
-        eye = jnp.eye(n, dtype=real_dtype).reshape((n, *shape))
-
-        def column(direction, k=k):
-            probe = [jnp.zeros_like(v) for v in values]
-            probe[k] = direction
-            return jax.jvp(f, tuple(values), tuple(probe))[1]
-
-        t = jnp.asarray(tangent).reshape(n)
-        parts = [(eye.astype(dtype), jnp.real(t))]
-        if jnp.issubdtype(dtype, jnp.complexfloating):
-            parts.append(((1j * eye).astype(dtype), jnp.imag(t)))
-        for basis, weights in parts:
-            columns = jax.vmap(column)(basis)
-            for j, (col, a) in enumerate(zip(columns, out_avals)):
-                if is_inexact(a):
-                    extra[j] = extra[j] + jnp.tensordot(weights.astype(col.dtype), col, axes=1)
+    for tangent in tangents:
+        w = _direction_weights(tangent)
+        for j in inexact_outs:
+            col = next(cols)
+            extra[j] = extra[j] + jnp.tensordot(w.astype(col.dtype), col, axes=1)
     return extra
 
 
@@ -350,7 +414,7 @@ def build_custom_jvp(rule: JVPRule):
                 # grad would fail: form the Jacobian columns by forward mode from the
                 # primals alone, and apply them to the tangents with a contraction,
                 # which is linear and transposable.
-                extra = _jacobian_tangents(f, [consts[i] for i in hot],
+                extra = _jacobian_tangents(rule.call, [*consts, *args], hot,
                                            [t_consts[i] for i in hot], out_avals)
             t_outs = [t + e if is_inexact(a) else t for t, e, a in zip(t_outs, extra, out_avals)]
         return list(outs), t_outs

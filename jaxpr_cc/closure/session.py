@@ -453,10 +453,34 @@ class _Traced:
     (second, its closed-over values) = fwd and bwd; for custom_jvp, first = jvp."""
 
     def __init__(self, first, first_consts, second=None, second_consts=(), num_res=0):
-        self.first, self.first_consts = first, list(first_consts)
-        self.second, self.second_consts = second, list(second_consts)
+        self.first, self.first_consts = _without_dead_equations(first), list(first_consts)
+        self.second, self.second_consts = _without_dead_equations(second), list(second_consts)
         self.num_res = num_res
         self.consts = _dedupe(self.first_consts + self.second_consts)
+
+
+def _without_dead_equations(jaxpr):
+    """``jaxpr`` without the equations none of its outputs needs (and that have no
+    effect); its inputs stay, so the rule's operand layout does not change.
+
+    A rule body is traced from the user's Python rule, which often computes what it
+    then drops: the primal outputs of ``jax.vjp`` inside a bwd, or a whole adjoint
+    solve whose cotangent is zero (the tutorial fixed_point's bwd at the adjoint's
+    level).  JAX never stages a rule body, so nothing of it is printed or kept that
+    the rule's outputs do not need; a dead call of a custom function would otherwise
+    keep that function's own rules in the program."""
+    if jaxpr is None:
+        return None
+    live = {v for v in jaxpr.outvars if isinstance(v, jx.Var)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        if eqn.effects or any(not isinstance(v, jx.DropVar) and v in live for v in eqn.outvars):
+            kept.append(eqn)
+            live.update(v for v in eqn.invars if isinstance(v, jx.Var))
+    if len(kept) == len(jaxpr.eqns):
+        return jaxpr
+    return jx.Jaxpr(jaxpr.constvars, jaxpr.invars, jaxpr.outvars, kept[::-1], jaxpr.effects,
+                    jaxpr.debug_info)
 
 
 class _Pending:
