@@ -120,6 +120,7 @@ def test_every_program_saves_loads_and_emits_in_fresh_processes(tmp_path, librar
     _round_trip(tmp_path, [name for name in NAMES if name.split("_")[0] == library])
 
 
+@pytest.mark.heavy
 def test_backsolve_adjoint_closing_over_the_parameter_differentiates_the_solve():
     # diffrax's BacksolveAdjoint rule closes over ``k`` (through the vector field), so
     # its cotangent is formed by forward mode through the rule's primal, which calls
