@@ -1098,3 +1098,14 @@ def region_trace_context(prim_name: str, params: dict):
     stack.enter_context(jax.sharding.use_abstract_mesh(_shard_map._as_manual_mesh(mesh, manual)))
     stack.enter_context(_config._check_vma(bool(params.get("check_vma", True))))
     return stack
+
+
+# ---------------------------------------------------------------------------
+# Closure conversion, issue 15 (h15d): JAX's own checks on custom-function calls
+# ---------------------------------------------------------------------------
+def check_custom_vjp_nondiff_args(args, nondiff_argnums) -> None:
+    """Raise JAX's UnexpectedTracerError (its exact text) when a tracer is passed
+    in a ``nondiff_argnums`` position of a custom_vjp call, as ``custom_vjp.__call__``
+    does before anything else."""
+    for i in nondiff_argnums:
+        _cd._check_for_tracers(args[i])

@@ -76,6 +76,8 @@ class TraceSession:
     # --------------------------------------------------------- custom_vjp
     def call_custom_vjp(self, cvjp, args, kwargs):
         args = jx.resolve_kwargs(cvjp.fun, args, kwargs)
+        # JAX refuses a tracer in a nondiff position before anything else runs.
+        jx.check_custom_vjp_nondiff_args(args, cvjp.nondiff_argnums)
         if jx.evaluated_eagerly(args) or self._jax_can_run_rules(cvjp, args):
             return _originals["vjp"](cvjp, *args)
         try:
