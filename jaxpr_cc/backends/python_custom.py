@@ -241,10 +241,20 @@ class CustomRulesMixin:
                                   "max_forward_size", "reverse_ok")}
         helper = f"_{kind}_with_consts"
         em.use_helper(helper)
-        build = Call(helper, [name] + rule_fns,
-                     [("num_consts", str(nc)), ("outs", outs),
-                      ("args_inexact", tuple_src([repr(b) for b in args_inexact])),
-                      ("rule", repr(rule))])
+        options = [("num_consts", str(nc)), ("outs", outs),
+                   ("args_inexact", tuple_src([repr(b) for b in args_inexact])),
+                   ("rule", repr(rule))]
+        forward = _forward_mode_primal(call)
+        if forward is not None:
+            # The derivative w.r.t. the closed-over operands may be formed in forward
+            # mode (jax.jvp of the primal); a primal that calls custom_vjp functions
+            # needs them with a forward mode, as the Program's own evaluation under
+            # autodiff has (passes/vjp_to_jvp.with_forward_mode).
+            forward_name = em.namer.fresh(f"{name}_forward")
+            self._define(forward, forward_name, em.name_binders(forward.invars, hints), [],
+                         as_list)
+            options.append(("forward_primal", forward_name))
+        build = Call(helper, [name] + rule_fns, options)
         self._after(render_call(build, name, 0))
 
     _RULE_REGION_NAMES = {"custom_vjp": ("fwd_jaxpr", "bwd_jaxpr"),
@@ -380,3 +390,29 @@ class CustomRulesMixin:
                 return f"jax.checkpoint_policies.{name}"
         raise PythonEmitError(f"{self._where()}: checkpoint policy {policy!r} is not one of "
                               f"jax.checkpoint_policies; it has no source form")
+
+
+def _forward_mode_primal(call: Region) -> "Region | None":
+    """``call`` with forward mode through the custom_vjp rules it calls (a rewritten
+    copy), or None when it calls none."""
+    from jax import tree_util
+
+    from ..ir.program import Program
+    from ..passes.manager import run_passes
+    from ..passes.vjp_to_jvp import has_custom_vjp
+    n_in, n_out = len(call.invars), len(call.outvars)
+    program = Program(call, tree_util.tree_structure((tuple(range(n_in)), {})),
+                      tree_util.tree_structure(list(range(n_out))), name="primal")
+    if not has_custom_vjp(program):
+        return None
+    # As the Program's own rewrite does for a primal whose forward columns are formed
+    # (vjp_to_jvp's ``primal_differentiated``): a rule whose bwd cannot be transposed
+    # takes its tangent from its own primal, since refusing would fail reverse mode.
+    for _ in range(2):  # a recursive rule's bodies hold calls a first run has passed
+        program = run_passes(program, _FORWARD_PRIMAL_PIPELINE)
+        if not has_custom_vjp(program):
+            break
+    return program.body
+
+
+_FORWARD_PRIMAL_PIPELINE = "vjp-to-jvp{on-failure=keep untransposable=primal}"

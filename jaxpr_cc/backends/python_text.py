@@ -253,12 +253,15 @@ def _forward_const_cotangents(primal, consts, args, hot, cts, outs):
     return got
 
 
-def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact, rule):
+def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact, rule,
+                            forward_primal=None):
     """``jax.custom_vjp(primal)`` for a rule whose first ``num_consts`` arguments are
     closed-over operands.  ``fwd(*c, *x)`` returns the outputs then the residuals;
     ``bwd(*c, *r, *ct_y)`` the cotangents of the inexact arguments; ``outs`` holds
-    each output's (shape, dtype)."""
+    each output's (shape, dtype).  ``forward_primal`` is the primal with a forward
+    mode through the custom_vjp functions it calls, for forward-mode derivatives."""
     fun = jax.custom_vjp(primal)
+    forward_primal = forward_primal or primal
 
     def fwd_with_consts(*primals):
         values = [p.value for p in primals]
@@ -271,6 +274,11 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
 
     def bwd_with_consts(saved, cts):
         mode, hot = saved.how
+        # Outputs with no cotangent contribute nothing to the closed-over operands'
+        # cotangents (forward mode then needs no tangent of them).
+        nonzero = [jnp.issubdtype(dtype, jnp.inexact)
+                   and type(c) is not jax.custom_derivatives.SymbolicZero
+                   for c, (_, dtype) in zip(cts, outs)]
         cts = [_dense(c) if jnp.issubdtype(dtype, jnp.inexact) else None
                for c, (_, dtype) in zip(cts, outs)]
         got = iter(bwd(*saved.consts, *saved.res, *[c for c in cts if c is not None]))
@@ -283,8 +291,9 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
             for i in hot:
                 const_cts[i] = full[i]
         elif mode == "forward":
-            got = _forward_const_cotangents(primal, list(saved.consts), list(saved.args), hot,
-                                            [c if c is not None else 0 for c in cts], outs)
+            got = _forward_const_cotangents(forward_primal, list(saved.consts), list(saved.args), hot,
+                                            [c if nz else None for c, nz in zip(cts, nonzero)],
+                                            outs)
             for i, v in zip(hot, got):
                 const_cts[i] = v
         return tuple(const_cts + arg_cts)
@@ -294,12 +303,15 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
 '''
 
 HELPERS["_custom_jvp_with_consts"] = '''
-def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule):
+def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule,
+                            forward_primal=None):
     """``jax.custom_jvp(primal)`` for a rule whose first ``num_consts`` arguments are
     closed-over operands.  ``jvp(*c, *x, *t_x)`` returns the outputs then the tangents
     of the inexact outputs (tangents exist for inexact arguments only); ``outs``
-    holds each output's (shape, dtype)."""
+    holds each output's (shape, dtype).  ``forward_primal`` is the primal with a
+    forward mode through the custom_vjp functions it calls."""
     fun = jax.custom_jvp(primal)
+    forward_primal = forward_primal or primal
 
     def jvp_with_consts(primals, tangents):
         consts, args = list(primals[:num_consts]), list(primals[num_consts:])
@@ -317,7 +329,7 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
                 full = list(consts)
                 for i, v in zip(hot, values):
                     full[i] = v
-                return primal(*full, *args)
+                return forward_primal(*full, *args)
             _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
                                tuple(t_consts[i] for i in hot))
             t_outs = [t + e if jnp.issubdtype(dtype, jnp.inexact) else t
