@@ -177,27 +177,52 @@ class CustomRulesMixin:
         n_in, n_out = len(arg_avals), len(out_avals)
         name, wanted = self._custom_function(call, "custom_jvp")
         sz = ", symbolic_zeros=True" if symbolic else ""
-        rule_name = em.namer.fresh(f"{name}_jvp")
-        jvp = p["jvp_jaxpr"]
-        prologue: list[str] = []
-        primals = self._group_binders(jvp.invars[:n_in], "primals", prologue)
-        tangent_vars = iter(jvp.invars[n_in:])
-        t_names = [em.name_binders([next(tangent_vars)], ["tangent"])[0] if inexact(a) else "_"
-                   for a in arg_avals]
-        tangents = em.namer.fresh("tangents")
-        if any(n != "_" for n in t_names):
-            prologue.append(f"{tuple_src(t_names)} = {tangents}")
-        if symbolic:
-            self._dense(t_names, prologue)
 
         def returns(outs):
             it = iter(outs[n_out:])
             t_out = [next(it) if inexact(a) else
                      f"np.zeros({tuple(a.shape)!r}, dtype=jax.dtypes.float0)" for a in out_avals]
             return f"{flat_return(outs[:n_out])}, {flat_return(t_out)}"
-        self._define(jvp, rule_name, [primals, tangents], prologue, returns)
+
+        def define(jvp, fn_name):
+            prologue: list[str] = []
+            primals = self._group_binders(jvp.invars[:n_in], "primals", prologue)
+            tangent_vars = iter(jvp.invars[n_in:])
+            t_names = [em.name_binders([next(tangent_vars)], ["tangent"])[0] if inexact(a)
+                       else "_" for a in arg_avals]
+            tangents = em.namer.fresh("tangents")
+            if any(n != "_" for n in t_names):
+                prologue.append(f"{tuple_src(t_names)} = {tangents}")
+            if symbolic:
+                self._dense(t_names, prologue)
+            self._define(jvp, fn_name, [primals, tangents], prologue, returns)
+
+        rule_name = em.namer.fresh(f"{name}_jvp")
+        define(p["jvp_jaxpr"], rule_name)
+        table = self._jvp_variant_table(name, define)
+        if table is not None:
+            em.use_helper("_jvp_by_pattern")
+            chosen = em.namer.fresh(f"{name}_jvp_by_pattern")
+            args_inexact = tuple(bool(inexact(a)) for a in arg_avals)
+            self._after(f"{chosen} = _jvp_by_pattern({rule_name}, {table}, {args_inexact!r})")
+            rule_name = chosen
         self._after(f"{name}.defjvp({rule_name}{sz})")
         return Call(name, list(self.ins), hint=wanted)
+
+    def _jvp_variant_table(self, name: str, define) -> str | None:
+        """A symbolic-zeros jvp rule traced per perturbation pattern (``jvp_variants``):
+        each variant becomes a function like the main rule (``define(region, name)``);
+        returns the source of ``{pattern: function}``, or None when there are none."""
+        p = self.eqn.params
+        variants = p.get("jvp_variants") or ()
+        if not variants:
+            return None
+        table = []
+        for pattern, region in zip(p["jvp_variant_patterns"], variants):
+            fn = self.emitter.namer.fresh(f"{name}_jvp_variant")
+            define(region, fn)
+            table.append(f"{tuple(bool(b) for b in pattern)!r}: {fn}")
+        return "{" + ", ".join(table) + "}"
 
     # -- rules with closed-over values ---------------------------------------
     def _custom_with_consts(self, eqn: Equation, build: str) -> Call:
@@ -224,7 +249,7 @@ class CustomRulesMixin:
         self._define(call, name, em.name_binders(call.invars, hints), [], as_list)
         if name != wanted:
             self._after(f"{name}.__name__ = {wanted!r}")
-        rule_fns = []
+        rule_fns, variant_table = [], None
         for region_name in self._RULE_REGION_NAMES[kind]:
             fn_name = em.namer.fresh(f"{name}_{region_name.split('_')[0]}")
             rule_fns.append(fn_name)
@@ -234,6 +259,12 @@ class CustomRulesMixin:
             binder_hints = named + [None] * (len(region.invars) - len(named))
             self._define(region, fn_name, em.name_binders(region.invars, binder_hints), [],
                          tuple_src)
+        if kind == "custom_jvp":
+            def define_flat(region, fn):
+                binder_hints = hints + [None] * (len(region.invars) - len(hints))
+                self._define(region, fn, em.name_binders(region.invars, binder_hints), [],
+                             tuple_src)
+            variant_table = self._jvp_variant_table(name, define_flat)
         outs = tuple_src([f"({tuple(a.aval.shape)!r}, {self.dtype(a.aval.dtype)})"
                           for a in call.outvars])
         args_inexact = tuple(bool(inexact(v.aval)) for v in call.invars[nc:])
@@ -244,6 +275,8 @@ class CustomRulesMixin:
         options = [("num_consts", str(nc)), ("outs", outs),
                    ("args_inexact", tuple_src([repr(b) for b in args_inexact])),
                    ("rule", repr(rule))]
+        if kind == "custom_jvp" and variant_table is not None:
+            options.append(("variants", variant_table))
         forward = _forward_mode_primal(call)
         if forward is not None:
             # The derivative w.r.t. the closed-over operands may be formed in forward

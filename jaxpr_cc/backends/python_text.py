@@ -304,12 +304,13 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
 
 HELPERS["_custom_jvp_with_consts"] = '''
 def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule,
-                            forward_primal=None):
+                            forward_primal=None, variants=None):
     """``jax.custom_jvp(primal)`` for a rule whose first ``num_consts`` arguments are
     closed-over operands.  ``jvp(*c, *x, *t_x)`` returns the outputs then the tangents
     of the inexact outputs (tangents exist for inexact arguments only); ``outs``
     holds each output's (shape, dtype).  ``forward_primal`` is the primal with a
-    forward mode through the custom_vjp functions it calls."""
+    forward mode through the custom_vjp functions it calls; ``variants`` maps a
+    pattern of perturbed inexact arguments to the rule traced for it."""
     fun = jax.custom_jvp(primal)
     forward_primal = forward_primal or primal
 
@@ -320,7 +321,9 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
                     if type(t) is not jax.custom_derivatives.SymbolicZero)
         mode = _closed_over_mode(rule, "jvp", hot, consts)
         dense = [_dense(t) for t, inexact in zip(t_args, args_inexact) if inexact]
-        res = jvp(*consts, *args, *dense)
+        pattern = tuple(type(t) is not jax.custom_derivatives.SymbolicZero
+                        for t, inexact in zip(t_args, args_inexact) if inexact)
+        res = (variants or {}).get(pattern, jvp)(*consts, *args, *dense)
         it = iter(res[len(outs):])
         t_outs = [next(it) if jnp.issubdtype(dtype, jnp.inexact) else _zeros(shape, dtype)
                   for shape, dtype in outs]
@@ -339,6 +342,17 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
     fun.defjvp(jvp_with_consts, symbolic_zeros=True)
     return fun
 '''
+HELPERS["_jvp_by_pattern"] = '''
+def _jvp_by_pattern(rule, variants, args_inexact):
+    """A symbolic-zeros jvp rule traced per perturbation pattern: ``variants`` maps
+    which inexact arguments have a tangent that is not a SymbolicZero to the rule
+    traced for exactly those; other patterns use ``rule``."""
+    def by_pattern(primals, tangents):
+        pattern = tuple(type(t) is not jax.custom_derivatives.SymbolicZero
+                        for t, inexact in zip(tangents, args_inexact) if inexact)
+        return variants.get(pattern, rule)(primals, tangents)
+    return by_pattern
+'''
 HELPERS["_prng_impl"] = '''
 def _prng_impl(name):
     """The PRNG implementation JAX registers as ``name`` (a random_seed/random_wrap
@@ -356,7 +370,8 @@ def _copy_semantics(name):
     return closed.eqns[0].params["copy_semantics"][0]
 '''
 
-HELPER_IMPORTS.update({"_prng_impl": (), "_copy_semantics": (), "_closed_over": (), "_custom_vjp_with_consts": (),
+HELPER_IMPORTS.update({"_jvp_by_pattern": (),
+                       "_prng_impl": (), "_copy_semantics": (), "_closed_over": (), "_custom_vjp_with_consts": (),
                        "_custom_jvp_with_consts": ()})
 HELPERS["_treedef"] = '''
 def _treedef(node):

@@ -13,7 +13,10 @@ First-order params (every Region constant-free):
 
 * custom_vjp_call: call_jaxpr, fwd_jaxpr, bwd_jaxpr, num_consts, num_res, symbolic_zeros,
   name, source, const_names, closed_over, max_forward_size, reverse_ok
-* custom_jvp_call: call_jaxpr, jvp_jaxpr, num_consts, symbolic_zeros, + the same info fields
+* custom_jvp_call: call_jaxpr, jvp_jaxpr, num_consts, symbolic_zeros, + the same info fields;
+  a symbolic-zeros rule traced per perturbation pattern also has jvp_variants (Regions
+  with jvp_jaxpr's layout) and jvp_variant_patterns (one tuple of bools per variant:
+  which inexact arguments are perturbed)
 * linear_call: callee, transpose_jaxpr, num_callee_consts (always 0), num_res
 
 A rule that calls its own custom function holds a Region that (through its fwd, bwd,
@@ -66,6 +69,10 @@ def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
     p = {"call_jaxpr": to_region(rule.call), "jvp_jaxpr": to_region(body(rule.jvp))}
     p.update(num_consts=rule.num_consts, symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
+    if rule.variants:  # only symbolic-zeros rules have them: other params unchanged
+        p["jvp_variant_patterns"] = tuple(tuple(bool(b) for b in pattern)
+                                          for pattern, _ in rule.variants)
+        p["jvp_variants"] = tuple(to_region(body(v)) for _, v in rule.variants)
     return p
 
 
@@ -107,9 +114,13 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
                        num_consts=params["num_consts"], num_res=params["num_res"],
                        symbolic_zeros=params["symbolic_zeros"])
     if name == "custom_jvp_call":
+        variants = tuple(
+            (tuple(pattern), LazyJaxpr(lambda region=region: from_region(region)))
+            for pattern, region in zip(params.get("jvp_variant_patterns", ()),
+                                       params.get("jvp_variants", ())))
         return JVPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
                        jvp=lazy("jvp_jaxpr"), num_consts=params["num_consts"],
-                       symbolic_zeros=params["symbolic_zeros"])
+                       symbolic_zeros=params["symbolic_zeros"], variants=variants)
     info = RuleInfo(name="linear_call", source="<linear_call>", const_names=())
     return LinearRule(info=info, callee=from_region(params["callee"]),
                       transpose=lazy("transpose_jaxpr"), num_res=params["num_res"])

@@ -135,6 +135,10 @@ class JVPRule:
     jvp: Any                    # ClosedJaxpr (c, x, t_x) -> (y, t_y) (inexact leaves), or lazy
     num_consts: int
     symbolic_zeros: bool = False
+    # A symbolic-zeros rule traced per pattern of perturbed inexact arguments:
+    # ((pattern, jvp ClosedJaxpr or LazyJaxpr), ...), same layout as ``jvp``; the
+    # pattern all-perturbed (and any not listed) uses ``jvp``.
+    variants: tuple = ()
 
     def replace(self, **kw) -> "JVPRule":
         return dataclasses.replace(self, **kw)
@@ -315,6 +319,7 @@ def build_custom_jvp(rule: JVPRule):
 
     primal.__name__ = primal.__qualname__ = info.name
     g = jax.custom_jvp(primal)
+    variants = dict(rule.variants)
 
     def jvp(primals, tangents):
         consts, args = list(primals[:nc]), list(primals[nc:])
@@ -327,7 +332,11 @@ def build_custom_jvp(rule: JVPRule):
             t_outs = [_zeros(a.to_tangent_aval()) for a in out_avals]
         else:
             dense = [_dense(t, a) for t, a in zip(t_args, arg_avals) if is_inexact(a)]
-            res = run(rule.jvp, *consts, *args, *dense)
+            # The user's rule as traced with exactly these inputs perturbed (it saw
+            # SymbolicZero for the others, as JAX would give it).
+            pattern = tuple(type(t) is not SymbolicZero
+                            for t, a in zip(t_args, arg_avals) if is_inexact(a))
+            res = run(variants.get(pattern, rule.jvp), *consts, *args, *dense)
             outs, t_in = res[:n_out], iter(res[n_out:])
             t_outs = [next(t_in) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
                       for a in out_avals]

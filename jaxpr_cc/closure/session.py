@@ -67,6 +67,9 @@ class TraceSession:
         self.keepalive: list[Any] = []
         self.rules_traced = 0
         self.perturbable = jx.PerturbationOracle()
+        # Inside jaxpr_cc.jit (jax.jit's drop-in), JAX's own errors where jaxpr_cc.trace
+        # goes beyond JAX: a tracer in a custom_vjp nondiff position.
+        self.jax_errors = getattr(_local, "jax_errors", False)
 
     def info(self, fn, consts, roots) -> RuleInfo:
         return RuleInfo(name=naming.name_of(fn), source=naming.source_of(fn),
@@ -76,8 +79,8 @@ class TraceSession:
     # --------------------------------------------------------- custom_vjp
     def call_custom_vjp(self, cvjp, args, kwargs):
         args = jx.resolve_kwargs(cvjp.fun, args, kwargs)
-        # JAX refuses a tracer in a nondiff position before anything else runs.
-        jx.check_custom_vjp_nondiff_args(args, cvjp.nondiff_argnums)
+        if self.jax_errors:  # JAX refuses a tracer in a nondiff position first thing
+            jx.check_custom_vjp_nondiff_args(args, cvjp.nondiff_argnums)
         if jx.evaluated_eagerly(args) or self._jax_can_run_rules(cvjp, args):
             return _originals["vjp"](cvjp, *args)
         try:
@@ -344,8 +347,12 @@ class TraceSession:
             if refuse is not None:
                 return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals, refuse))
             try:
-                return _Traced(*self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
-                                                out_avals, perturbed))
+                traced = _Traced(*self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
+                                                  out_avals, perturbed))
+                if cjvp.symbolic_zeros:
+                    traced.add_variants(self._trace_jvp_variants(
+                        cjvp, static, in_tree, avals, out_tree, out_avals, perturbed))
+                return traced
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
@@ -354,19 +361,28 @@ class TraceSession:
                 return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("jvp", cjvp.jvp, e)))
 
-        def rule_for(consts, jvp):
+        def rule_for(consts, jvp, variants=()):
             call = _close(_with_consts(p_jaxpr, p_consts, consts))
             info = self.info(cjvp.fun, consts, [cjvp.fun, cjvp.jvp, *static])
             return JVPRule(info=_with_reverse_ok(info, call), call=call, jvp=jvp,
-                           num_consts=len(consts), symbolic_zeros=bool(cjvp.symbolic_zeros))
+                           num_consts=len(consts), symbolic_zeros=bool(cjvp.symbolic_zeros),
+                           variants=variants)
 
         def provisional(consts):
-            return build_custom_jvp(rule_for(consts, LazyJaxpr(lambda: pending.rule.jvp)))
+            # Calls from inside the rule (recursion) get its variants too, once made.
+            variants = tuple(
+                (pattern, LazyJaxpr(lambda pattern=pattern: dict(pending.rule.variants)[pattern]))
+                for pattern in _variant_patterns(avals, perturbed)) if cjvp.symbolic_zeros else ()
+            return build_custom_jvp(rule_for(consts, LazyJaxpr(lambda: pending.rule.jvp),
+                                             variants))
 
         def finish(t: "_Traced", consts):
             if consts is None:
                 consts = _dedupe(p_consts + t.consts)
-            rule = rule_for(consts, _close(_with_consts(t.first, t.first_consts, consts)))
+            variants = tuple((pattern, _close(_with_consts(j, c, consts)))
+                             for pattern, j, c in t.variants)
+            rule = rule_for(consts, _close(_with_consts(t.first, t.first_consts, consts)),
+                            variants)
             return rule, consts, out_tree, build_custom_jvp(rule)
 
         pending.provisional = provisional
@@ -402,6 +418,24 @@ class TraceSession:
 
         jaxpr, consts, _ = jx.trace_flat(jvp_flat, [*avals, *t_avals], "custom_jvp jvp")
         return jaxpr, consts
+
+    def _trace_jvp_variants(self, cjvp, static, in_tree, avals, out_tree, out_avals, perturbed):
+        """A symbolic-zeros jvp rule traced once per pattern of perturbed inputs JAX
+        may give it when the program is differentiated: every nonempty proper subset
+        of the inputs perturbable now (the full set is the rule's main jvp).  Which
+        inputs JAX perturbs is known only then; the rule sees SymbolicZero for the
+        others, as in JAX.  Returns ``[(pattern over inexact leaves, jaxpr, consts)]``;
+        none beyond ``_MAX_PATTERN_INPUTS`` perturbable inputs (docs/closure.md)."""
+        inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
+        out = []
+        for pattern in _variant_patterns(avals, perturbed):
+            full = [False] * len(avals)
+            for i, p in zip(inexact, pattern):
+                full[i] = p
+            jaxpr, consts = self._trace_jvp(cjvp, static, in_tree, avals, out_tree, out_avals,
+                                            tuple(full))
+            out.append((pattern, jaxpr, consts))
+        return out
 
     # --------------------------------------------------------- linear_call
     def bind_linear_call(self, operands, params):
@@ -448,6 +482,10 @@ _MAX_LINEAR_NESTING = 32
 _MAX_UNFOLDING = 4
 _MATCH_RELATIVES = True  # calls of the same structure at other values are recursion
 _SETTLE_ROUNDS = 8  # a recursive rule's closed-over values settle in one or two rounds
+# A symbolic-zeros jvp rule is traced once per perturbation pattern of its perturbable
+# inputs (2**n - 2 extra traces) up to this many such inputs; beyond it, patterns
+# other than "all perturbed" use the rule traced with every input perturbed.
+_MAX_PATTERN_INPUTS = 4
 
 
 class _Traced:
@@ -459,6 +497,11 @@ class _Traced:
         self.second, self.second_consts = second, list(second_consts)
         self.num_res = num_res
         self.consts = _dedupe(self.first_consts + self.second_consts)
+        self.variants: list = []  # (pattern, jaxpr, consts): see _trace_jvp_variants
+
+    def add_variants(self, variants: list) -> None:
+        self.variants = list(variants)
+        self.consts = _dedupe(self.consts + [c for _, _, cs in variants for c in cs])
 
 
 class _Pending:
@@ -504,6 +547,21 @@ class _Pending:
             fn = getattr(self.g, attr, None)
             if fn is not None and hasattr(fn, "_jaxpr_cc_rule"):
                 fn._jaxpr_cc_rule = rule
+
+
+def _variant_patterns(avals, perturbed) -> list[tuple[bool, ...]]:
+    """The perturbation patterns (over the inexact leaves) a symbolic-zeros rule is
+    traced for besides "all perturbable inputs": every nonempty proper subset of
+    those inputs, when there are 2 to ``_MAX_PATTERN_INPUTS`` of them."""
+    inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
+    hot = [k for k, i in enumerate(inexact) if perturbed[i]]
+    if len(hot) < 2 or len(hot) > _MAX_PATTERN_INPUTS:
+        return []
+    out = []
+    for mask in range(1, 2 ** len(hot) - 1):
+        chosen = {hot[j] for j in range(len(hot)) if mask >> j & 1}
+        out.append(tuple(k in chosen for k in range(len(inexact))))
+    return out
 
 
 def _structure(p_jaxpr, static) -> tuple:
@@ -804,6 +862,19 @@ def install_hooks() -> None:
         jax.custom_jvp.__call__ = _patched_jvp_call
         jx.linear_call_p.bind = _patched_linear_bind
         _installed = True
+
+
+@contextlib.contextmanager
+def jax_errors():
+    """Sessions opened inside raise JAX's own errors where ``jaxpr_cc.trace`` accepts
+    more than JAX (a tracer passed in a custom_vjp ``nondiff_argnums`` position, which
+    trace makes a closed-over operand): ``jaxpr_cc.jit`` stands in for ``jax.jit``."""
+    prev = getattr(_local, "jax_errors", False)
+    _local.jax_errors = True
+    try:
+        yield
+    finally:
+        _local.jax_errors = prev
 
 
 @contextlib.contextmanager
