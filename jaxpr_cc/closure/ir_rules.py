@@ -13,6 +13,10 @@ First-order params (every Region constant-free):
 
 * custom_vjp_call: call_jaxpr, fwd_jaxpr, bwd_jaxpr, num_consts, num_res, symbolic_zeros,
   name, source, const_names, closed_over, max_forward_size, reverse_ok
+* custom_vjp_call, symbolic-zeros rules traced per perturbation pattern, also:
+  fwd_variants / fwd_variant_patterns ((in_pattern, num_res) each) and bwd_variants /
+  bwd_variant_patterns ((family, ct_pattern) each: the in_pattern of the fwd whose
+  residuals the bwd takes, () for fwd_jaxpr's; which output cotangents are nonzero)
 * custom_jvp_call: call_jaxpr, jvp_jaxpr, num_consts, symbolic_zeros, + the same info fields;
   a symbolic-zeros rule traced per perturbation pattern also has jvp_variants (Regions
   with jvp_jaxpr's layout) and jvp_variant_patterns (one tuple of bools per variant:
@@ -62,7 +66,19 @@ def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
     p.update(num_consts=rule.num_consts, num_res=rule.num_res,
              symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
+    if rule.fwd_variants:  # only symbolic-zeros rules have them: other params unchanged
+        p["fwd_variant_patterns"] = tuple((_bools(pattern), int(n))
+                                          for pattern, _, n in rule.fwd_variants)
+        p["fwd_variants"] = tuple(to_region(body(f)) for _, f, _ in rule.fwd_variants)
+    if rule.bwd_variants:
+        p["bwd_variant_patterns"] = tuple((_bools(family), _bools(ct))
+                                          for family, ct, _ in rule.bwd_variants)
+        p["bwd_variants"] = tuple(to_region(body(b)) for _, _, b in rule.bwd_variants)
     return p
+
+
+def _bools(pattern) -> tuple:
+    return tuple(bool(b) for b in pattern)
 
 
 def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
@@ -108,11 +124,23 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
         region = params[key]
         return LazyJaxpr(lambda: from_region(region))
 
+    def lazy_region(region):
+        return LazyJaxpr(lambda: from_region(region))
+
     if name == "custom_vjp_call":
+        fwd_variants = tuple(
+            (tuple(pattern), lazy_region(region), n)
+            for (pattern, n), region in zip(params.get("fwd_variant_patterns", ()),
+                                            params.get("fwd_variants", ())))
+        bwd_variants = tuple(
+            (tuple(family), tuple(ct), lazy_region(region))
+            for (family, ct), region in zip(params.get("bwd_variant_patterns", ()),
+                                            params.get("bwd_variants", ())))
         return VJPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
                        fwd=lazy("fwd_jaxpr"), bwd=lazy("bwd_jaxpr"),
                        num_consts=params["num_consts"], num_res=params["num_res"],
-                       symbolic_zeros=params["symbolic_zeros"])
+                       symbolic_zeros=params["symbolic_zeros"],
+                       fwd_variants=fwd_variants, bwd_variants=bwd_variants)
     if name == "custom_jvp_call":
         variants = tuple(
             (tuple(pattern), LazyJaxpr(lambda region=region: from_region(region)))

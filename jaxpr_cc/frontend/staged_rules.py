@@ -345,8 +345,14 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     variants = []
     if p.get("symbolic_zeros", False):
         for pattern in _variant_patterns(arg_avals, [is_inexact(a) for a in arg_avals]):
-            v_j, v_c, _ = _trace("jvp", jvp_fun, functools.partial(jvp_dense, pattern=pattern),
-                                 in_avals, "custom_jvp jvp")
+            try:
+                v_j, v_c, _ = _trace("jvp", jvp_fun,
+                                     functools.partial(jvp_dense, pattern=pattern),
+                                     in_avals, "custom_jvp jvp")
+            except ClosureConversionError:
+                raise
+            except Exception:  # noqa: BLE001 -- a pattern the rule refuses: the main rule
+                continue
             _check_concrete("jvp", jvp_fun, v_c)
             variants.append((pattern, v_j, list(v_c)))
     extra = _dedupe(list(j_c) + [c for _, _, v_c in variants for c in v_c])
