@@ -232,7 +232,7 @@ class TraceSession:
             if refuse is not None:
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals, refuse), 0)
             traced = trace_pattern(perturbed, None)
-            if cvjp.symbolic_zeros:
+            if cvjp.symbolic_zeros and self._variants_allowed():
                 traced.add_vjp_variants(self._vjp_variants(avals, out_avals, perturbed,
                                                            trace_pattern, traced))
             return traced
@@ -287,6 +287,13 @@ class TraceSession:
 
         pending.provisional = provisional
         return self._traced_recursively(key, pending, trace_rules, finish)
+
+    def _variants_allowed(self) -> bool:
+        """Per-pattern variants only for a rule called outside other rules' bodies:
+        a rule traced inside another's variant would trace variants of its own, a
+        cost exponential in the nesting (equinox's solvers nest filter_custom_vjp
+        rules); nested rules use the rule traced with every input perturbed."""
+        return len(self.in_progress) <= 1
 
     def _vjp_variants(self, avals, out_avals, perturbed, trace_pattern, main):
         """A symbolic-zeros custom_vjp traced per perturbation pattern: its fwd for
@@ -405,7 +412,7 @@ class TraceSession:
             try:
                 traced = _Traced(*self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
                                                   out_avals, perturbed))
-                if cjvp.symbolic_zeros:
+                if cjvp.symbolic_zeros and self._variants_allowed():
                     traced.add_variants(self._trace_jvp_variants(
                         cjvp, static, in_tree, avals, out_tree, out_avals, perturbed,
                         (p_jaxpr, p_consts)))
@@ -554,10 +561,10 @@ _SETTLE_ROUNDS = 8  # a recursive rule's closed-over values settle in one or two
 # A symbolic-zeros jvp rule is traced once per perturbation pattern of its perturbable
 # inputs (2**n - 2 extra traces) up to this many such inputs; beyond it, patterns
 # other than "all perturbed" use the rule traced with every input perturbed.
-_MAX_PATTERN_INPUTS = 4
+_MAX_PATTERN_INPUTS = 3
 # A symbolic-zeros custom_vjp: at most this many (fwd pattern x cotangent pattern)
 # traces; beyond it, bwd is traced with every cotangent dense for each fwd pattern.
-_MAX_VJP_VARIANTS = 64
+_MAX_VJP_VARIANTS = 16
 
 
 class _Traced:
