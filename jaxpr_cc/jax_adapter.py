@@ -1162,3 +1162,14 @@ class evaluating_program:
     def __exit__(self, *exc):
         _EVALUATING_PROGRAM.reset(self._token)
         return False
+
+
+# ---------------------------------------------------------------------------
+# Closure conversion, issue 15 (h15d): JAX's own checks on custom-function calls
+# ---------------------------------------------------------------------------
+def check_custom_vjp_nondiff_args(args, nondiff_argnums) -> None:
+    """Raise JAX's UnexpectedTracerError (its exact text) when a tracer is passed
+    in a ``nondiff_argnums`` position of a custom_vjp call, as ``custom_vjp.__call__``
+    does before anything else."""
+    for i in nondiff_argnums:
+        _cd._check_for_tracers(args[i])

@@ -334,8 +334,10 @@ class JitFunction:
         specs = [_spec(a) if hasattr(a, "shape") else x for a, x in zip(avals, leaves)]
         spec_args, spec_kwargs = tree_util.tree_unflatten(tree, specs)
         # Errors raised by the user's function propagate unchanged from here.
+        from .closure.session import jax_errors
         from .frontend.trace import trace
-        program = trace(target, *spec_args, **spec_kwargs)
+        with jax_errors():  # as jax.jit would raise them
+            program = trace(target, *spec_args, **spec_kwargs)
         program = _run_pipeline(program, self._pipeline, self._label)
         entry = _Entry(program, forward_mode=self._forward_mode)
         if not _holds_tracers(program):

@@ -135,37 +135,78 @@ class CustomRulesMixin:
         sz = ", symbolic_zeros=True" if symbolic else ""
         fwd, bwd = p["fwd_jaxpr"], p["bwd_jaxpr"]
 
-        fwd_name = em.namer.fresh(f"{name}_fwd")
-        fwd_params = em.name_binders(fwd.invars, self._arg_hints(0))
-        prologue: list[str] = []
-        if symbolic:  # fwd then receives CustomVJPPrimal wrappers
-            wrapped = [em.namer.fresh(f"{n}_primal") for n in fwd_params]
-            prologue = [f"{n} = {w}.value" for n, w in zip(fwd_params, wrapped)]
-            fwd_params = wrapped
-        self._define(fwd, fwd_name, fwd_params, prologue,
-                     lambda outs: f"{flat_return(outs[:n_out])}, {tuple_src(outs[n_out:])}")
-
-        bwd_name = em.namer.fresh(f"{name}_bwd")
-        prologue = []
-        res = self._group_binders(bwd.invars[:num_res], "residuals", prologue)
-        cts = iter(bwd.invars[num_res:])
-        ct_names = [em.name_binders([next(cts)], ["ct"])[0] if inexact(a) else "_"
-                    for a in out_avals]
-        if n_out == 1 and ct_names[0] != "_":
-            g = ct_names[0]
-        else:
-            g = em.namer.fresh("cts")
-            if any(n != "_" for n in ct_names):
-                prologue.append(f"{tuple_src(ct_names)} = {g}")
-        if symbolic:
-            self._dense(ct_names, prologue)
+        def define_fwd(fwd, fwd_name):
+            fwd_params = em.name_binders(fwd.invars, self._arg_hints(0))
+            prologue: list[str] = []
+            if symbolic:  # fwd then receives CustomVJPPrimal wrappers
+                wrapped = [em.namer.fresh(f"{n}_primal") for n in fwd_params]
+                prologue = [f"{n} = {w}.value" for n, w in zip(fwd_params, wrapped)]
+                fwd_params = wrapped
+            self._define(fwd, fwd_name, fwd_params, prologue,
+                         lambda outs: f"{flat_return(outs[:n_out])}, {tuple_src(outs[n_out:])}")
 
         def bwd_returns(outs):
             it = iter(outs)
             return tuple_src([next(it) if inexact(a) else "None" for a in arg_avals])
-        self._define(bwd, bwd_name, [res, g], prologue, bwd_returns)
+
+        n_ct = sum(1 for a in out_avals if inexact(a))
+
+        def define_bwd(bwd, bwd_name):
+            prologue: list[str] = []
+            n_res = len(bwd.invars) - n_ct
+            res = self._group_binders(bwd.invars[:n_res], "residuals", prologue)
+            cts = iter(bwd.invars[n_res:])
+            ct_names = [em.name_binders([next(cts)], ["ct"])[0] if inexact(a) else "_"
+                        for a in out_avals]
+            if n_out == 1 and ct_names[0] != "_":
+                g = ct_names[0]
+            else:
+                g = em.namer.fresh("cts")
+                if any(n != "_" for n in ct_names):
+                    prologue.append(f"{tuple_src(ct_names)} = {g}")
+            if symbolic:
+                self._dense(ct_names, prologue)
+            self._define(bwd, bwd_name, [res, g], prologue, bwd_returns)
+
+        fwd_name = em.namer.fresh(f"{name}_fwd")
+        define_fwd(fwd, fwd_name)
+        bwd_name = em.namer.fresh(f"{name}_bwd")
+        define_bwd(bwd, bwd_name)
+        tables = self._vjp_variant_tables(name, define_fwd, define_bwd)
+        if tables is not None:
+            # The rule JAX runs picks the fwd and bwd traced for its perturbation pattern.
+            em.use_helper("_vjp_by_pattern")
+            fwd_table, bwd_table = tables
+            args_inexact = tuple(bool(inexact(a)) for a in arg_avals)
+            outs_inexact = tuple(bool(inexact(a)) for a in out_avals)
+            chosen = em.namer.fresh(f"{name}_by_pattern")
+            self._after(f"{chosen} = _vjp_by_pattern({fwd_name}, {bwd_name}, {fwd_table}, "
+                        f"{bwd_table}, {args_inexact!r}, {outs_inexact!r})")
+            fwd_name, bwd_name = f"{chosen}[0]", f"{chosen}[1]"
         self._after(f"{name}.defvjp({fwd_name}, {bwd_name}{sz})")
         return Call(name, list(self.ins), hint=wanted)
+
+    def _vjp_variant_tables(self, name: str, define_fwd, define_bwd):
+        """A symbolic-zeros custom_vjp traced per perturbation pattern: each fwd and
+        bwd variant becomes a function (``define_*(region, name)``); returns the
+        sources of ``{in_pattern: fwd}`` and ``{(family, ct_pattern): bwd}``, or None
+        when there are none."""
+        p = self.eqn.params
+        if not p.get("fwd_variants") and not p.get("bwd_variants"):
+            return None
+        fwd_table, bwd_table = [], []
+        for (pattern, _), region in zip(p.get("fwd_variant_patterns", ()),
+                                        p.get("fwd_variants", ())):
+            fn = self.emitter.namer.fresh(f"{name}_fwd_variant")
+            define_fwd(region, fn)
+            fwd_table.append(f"{tuple(bool(b) for b in pattern)!r}: {fn}")
+        for (family, ct), region in zip(p.get("bwd_variant_patterns", ()),
+                                        p.get("bwd_variants", ())):
+            fn = self.emitter.namer.fresh(f"{name}_bwd_variant")
+            define_bwd(region, fn)
+            key = (tuple(bool(b) for b in family), tuple(bool(b) for b in ct))
+            bwd_table.append(f"{key!r}: {fn}")
+        return "{" + ", ".join(fwd_table) + "}", "{" + ", ".join(bwd_table) + "}"
 
     def _custom_jvp(self, eqn: Equation) -> Call:
         self._require_rules(["call_jaxpr", "jvp_jaxpr"])
@@ -177,27 +218,52 @@ class CustomRulesMixin:
         n_in, n_out = len(arg_avals), len(out_avals)
         name, wanted = self._custom_function(call, "custom_jvp")
         sz = ", symbolic_zeros=True" if symbolic else ""
-        rule_name = em.namer.fresh(f"{name}_jvp")
-        jvp = p["jvp_jaxpr"]
-        prologue: list[str] = []
-        primals = self._group_binders(jvp.invars[:n_in], "primals", prologue)
-        tangent_vars = iter(jvp.invars[n_in:])
-        t_names = [em.name_binders([next(tangent_vars)], ["tangent"])[0] if inexact(a) else "_"
-                   for a in arg_avals]
-        tangents = em.namer.fresh("tangents")
-        if any(n != "_" for n in t_names):
-            prologue.append(f"{tuple_src(t_names)} = {tangents}")
-        if symbolic:
-            self._dense(t_names, prologue)
 
         def returns(outs):
             it = iter(outs[n_out:])
             t_out = [next(it) if inexact(a) else
                      f"np.zeros({tuple(a.shape)!r}, dtype=jax.dtypes.float0)" for a in out_avals]
             return f"{flat_return(outs[:n_out])}, {flat_return(t_out)}"
-        self._define(jvp, rule_name, [primals, tangents], prologue, returns)
+
+        def define(jvp, fn_name):
+            prologue: list[str] = []
+            primals = self._group_binders(jvp.invars[:n_in], "primals", prologue)
+            tangent_vars = iter(jvp.invars[n_in:])
+            t_names = [em.name_binders([next(tangent_vars)], ["tangent"])[0] if inexact(a)
+                       else "_" for a in arg_avals]
+            tangents = em.namer.fresh("tangents")
+            if any(n != "_" for n in t_names):
+                prologue.append(f"{tuple_src(t_names)} = {tangents}")
+            if symbolic:
+                self._dense(t_names, prologue)
+            self._define(jvp, fn_name, [primals, tangents], prologue, returns)
+
+        rule_name = em.namer.fresh(f"{name}_jvp")
+        define(p["jvp_jaxpr"], rule_name)
+        table = self._jvp_variant_table(name, define)
+        if table is not None:
+            em.use_helper("_jvp_by_pattern")
+            chosen = em.namer.fresh(f"{name}_jvp_by_pattern")
+            args_inexact = tuple(bool(inexact(a)) for a in arg_avals)
+            self._after(f"{chosen} = _jvp_by_pattern({rule_name}, {table}, {args_inexact!r})")
+            rule_name = chosen
         self._after(f"{name}.defjvp({rule_name}{sz})")
         return Call(name, list(self.ins), hint=wanted)
+
+    def _jvp_variant_table(self, name: str, define) -> str | None:
+        """A symbolic-zeros jvp rule traced per perturbation pattern (``jvp_variants``):
+        each variant becomes a function like the main rule (``define(region, name)``);
+        returns the source of ``{pattern: function}``, or None when there are none."""
+        p = self.eqn.params
+        variants = p.get("jvp_variants") or ()
+        if not variants:
+            return None
+        table = []
+        for pattern, region in zip(p["jvp_variant_patterns"], variants):
+            fn = self.emitter.namer.fresh(f"{name}_jvp_variant")
+            define(region, fn)
+            table.append(f"{tuple(bool(b) for b in pattern)!r}: {fn}")
+        return "{" + ", ".join(table) + "}"
 
     # -- rules with closed-over values ---------------------------------------
     def _custom_with_consts(self, eqn: Equation, build: str) -> Call:
@@ -224,7 +290,7 @@ class CustomRulesMixin:
         self._define(call, name, em.name_binders(call.invars, hints), [], as_list)
         if name != wanted:
             self._after(f"{name}.__name__ = {wanted!r}")
-        rule_fns = []
+        rule_fns, variant_table, vjp_tables = [], None, None
         for region_name in self._RULE_REGION_NAMES[kind]:
             fn_name = em.namer.fresh(f"{name}_{region_name.split('_')[0]}")
             rule_fns.append(fn_name)
@@ -234,6 +300,18 @@ class CustomRulesMixin:
             binder_hints = named + [None] * (len(region.invars) - len(named))
             self._define(region, fn_name, em.name_binders(region.invars, binder_hints), [],
                          tuple_src)
+        if kind == "custom_vjp":
+            def define_flat_vjp(region, fn):
+                binder_hints = hints + [None] * (len(region.invars) - len(hints))
+                self._define(region, fn, em.name_binders(region.invars, binder_hints), [],
+                             tuple_src)
+            vjp_tables = self._vjp_variant_tables(name, define_flat_vjp, define_flat_vjp)
+        if kind == "custom_jvp":
+            def define_flat(region, fn):
+                binder_hints = hints + [None] * (len(region.invars) - len(hints))
+                self._define(region, fn, em.name_binders(region.invars, binder_hints), [],
+                             tuple_src)
+            variant_table = self._jvp_variant_table(name, define_flat)
         outs = tuple_src([f"({tuple(a.aval.shape)!r}, {self.dtype(a.aval.dtype)})"
                           for a in call.outvars])
         args_inexact = tuple(bool(inexact(v.aval)) for v in call.invars[nc:])
@@ -241,10 +319,24 @@ class CustomRulesMixin:
                                   "max_forward_size", "reverse_ok")}
         helper = f"_{kind}_with_consts"
         em.use_helper(helper)
-        build = Call(helper, [name] + rule_fns,
-                     [("num_consts", str(nc)), ("outs", outs),
-                      ("args_inexact", tuple_src([repr(b) for b in args_inexact])),
-                      ("rule", repr(rule))])
+        options = [("num_consts", str(nc)), ("outs", outs),
+                   ("args_inexact", tuple_src([repr(b) for b in args_inexact])),
+                   ("rule", repr(rule))]
+        if kind == "custom_jvp" and variant_table is not None:
+            options.append(("variants", variant_table))
+        if kind == "custom_vjp" and vjp_tables is not None:
+            options += [("fwd_variants", vjp_tables[0]), ("bwd_variants", vjp_tables[1])]
+        forward = _forward_mode_primal(call)
+        if forward is not None:
+            # The derivative w.r.t. the closed-over operands may be formed in forward
+            # mode (jax.jvp of the primal); a primal that calls custom_vjp functions
+            # needs them with a forward mode, as the Program's own evaluation under
+            # autodiff has (passes/vjp_to_jvp.with_forward_mode).
+            forward_name = em.namer.fresh(f"{name}_forward")
+            self._define(forward, forward_name, em.name_binders(forward.invars, hints), [],
+                         as_list)
+            options.append(("forward_primal", forward_name))
+        build = Call(helper, [name] + rule_fns, options)
         self._after(render_call(build, name, 0))
 
     _RULE_REGION_NAMES = {"custom_vjp": ("fwd_jaxpr", "bwd_jaxpr"),
@@ -380,3 +472,29 @@ class CustomRulesMixin:
                 return f"jax.checkpoint_policies.{name}"
         raise PythonEmitError(f"{self._where()}: checkpoint policy {policy!r} is not one of "
                               f"jax.checkpoint_policies; it has no source form")
+
+
+def _forward_mode_primal(call: Region) -> "Region | None":
+    """``call`` with forward mode through the custom_vjp rules it calls (a rewritten
+    copy), or None when it calls none."""
+    from jax import tree_util
+
+    from ..ir.program import Program
+    from ..passes.manager import run_passes
+    from ..passes.vjp_to_jvp import has_custom_vjp
+    n_in, n_out = len(call.invars), len(call.outvars)
+    program = Program(call, tree_util.tree_structure((tuple(range(n_in)), {})),
+                      tree_util.tree_structure(list(range(n_out))), name="primal")
+    if not has_custom_vjp(program):
+        return None
+    # As the Program's own rewrite does for a primal whose forward columns are formed
+    # (vjp_to_jvp's ``primal_differentiated``): a rule whose bwd cannot be transposed
+    # takes its tangent from its own primal, since refusing would fail reverse mode.
+    for _ in range(2):  # a recursive rule's bodies hold calls a first run has passed
+        program = run_passes(program, _FORWARD_PRIMAL_PIPELINE)
+        if not has_custom_vjp(program):
+            break
+    return program.body
+
+
+_FORWARD_PRIMAL_PIPELINE = "vjp-to-jvp{on-failure=keep untransposable=primal}"

@@ -253,27 +253,47 @@ def _forward_const_cotangents(primal, consts, args, hot, cts, outs):
     return got
 
 
-def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact, rule):
+def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact, rule,
+                            forward_primal=None, fwd_variants=None, bwd_variants=None):
     """``jax.custom_vjp(primal)`` for a rule whose first ``num_consts`` arguments are
     closed-over operands.  ``fwd(*c, *x)`` returns the outputs then the residuals;
     ``bwd(*c, *r, *ct_y)`` the cotangents of the inexact arguments; ``outs`` holds
-    each output's (shape, dtype)."""
+    each output's (shape, dtype).  ``forward_primal`` is the primal with a forward
+    mode through the custom_vjp functions it calls, for forward-mode derivatives.
+    ``fwd_variants`` / ``bwd_variants``: a symbolic-zeros rule traced per pattern of
+    perturbed arguments / (that pattern, nonzero output cotangents)."""
     fun = jax.custom_vjp(primal)
+    forward_primal = forward_primal or primal
+    fwd_variants, bwd_variants = fwd_variants or {}, bwd_variants or {}
 
     def fwd_with_consts(*primals):
         values = [p.value for p in primals]
         hot = tuple(i for i, p in enumerate(primals[:num_consts]) if p.perturbed)
         mode = _closed_over_mode(rule, "vjp", hot, values[:num_consts])
-        outs_res = fwd(*values)
+        family = tuple(p.perturbed for p, inexact in zip(primals[num_consts:], args_inexact)
+                       if inexact)
+        family = family if family in fwd_variants else ()
+        outs_res = (fwd_variants[family] if family else fwd)(*values)
         keep = tuple(values[num_consts:]) if mode != "none" else ()
         return (list(outs_res[:len(outs)]),
-                _Saved((mode, hot), tuple(values[:num_consts]), tuple(outs_res[len(outs):]), keep))
+                _Saved((mode, hot, family), tuple(values[:num_consts]),
+                       tuple(outs_res[len(outs):]), keep))
 
     def bwd_with_consts(saved, cts):
-        mode, hot = saved.how
+        mode, hot, family = saved.how
+        ct_pattern = tuple(type(c) is not jax.custom_derivatives.SymbolicZero
+                           for c, (_, dtype) in zip(cts, outs) if jnp.issubdtype(dtype, jnp.inexact))
+        rule_bwd = bwd_variants.get((family, ct_pattern))
+        if rule_bwd is None:
+            rule_bwd = bwd_variants[(family, (True,) * len(ct_pattern))] if family else bwd
+        # Outputs with no cotangent contribute nothing to the closed-over operands'
+        # cotangents (forward mode then needs no tangent of them).
+        nonzero = [jnp.issubdtype(dtype, jnp.inexact)
+                   and type(c) is not jax.custom_derivatives.SymbolicZero
+                   for c, (_, dtype) in zip(cts, outs)]
         cts = [_dense(c) if jnp.issubdtype(dtype, jnp.inexact) else None
                for c, (_, dtype) in zip(cts, outs)]
-        got = iter(bwd(*saved.consts, *saved.res, *[c for c in cts if c is not None]))
+        got = iter(rule_bwd(*saved.consts, *saved.res, *[c for c in cts if c is not None]))
         arg_cts = [next(got) if inexact else None for inexact in args_inexact]
         const_cts = [None] * num_consts
         if mode == "reverse":
@@ -283,8 +303,9 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
             for i in hot:
                 const_cts[i] = full[i]
         elif mode == "forward":
-            got = _forward_const_cotangents(primal, list(saved.consts), list(saved.args), hot,
-                                            [c if c is not None else 0 for c in cts], outs)
+            got = _forward_const_cotangents(forward_primal, list(saved.consts), list(saved.args), hot,
+                                            [c if nz else None for c, nz in zip(cts, nonzero)],
+                                            outs)
             for i, v in zip(hot, got):
                 const_cts[i] = v
         return tuple(const_cts + arg_cts)
@@ -294,12 +315,16 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
 '''
 
 HELPERS["_custom_jvp_with_consts"] = '''
-def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule):
+def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule,
+                            forward_primal=None, variants=None):
     """``jax.custom_jvp(primal)`` for a rule whose first ``num_consts`` arguments are
     closed-over operands.  ``jvp(*c, *x, *t_x)`` returns the outputs then the tangents
     of the inexact outputs (tangents exist for inexact arguments only); ``outs``
-    holds each output's (shape, dtype)."""
+    holds each output's (shape, dtype).  ``forward_primal`` is the primal with a
+    forward mode through the custom_vjp functions it calls; ``variants`` maps a
+    pattern of perturbed inexact arguments to the rule traced for it."""
     fun = jax.custom_jvp(primal)
+    forward_primal = forward_primal or primal
 
     def jvp_with_consts(primals, tangents):
         consts, args = list(primals[:num_consts]), list(primals[num_consts:])
@@ -308,7 +333,9 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
                     if type(t) is not jax.custom_derivatives.SymbolicZero)
         mode = _closed_over_mode(rule, "jvp", hot, consts)
         dense = [_dense(t) for t, inexact in zip(t_args, args_inexact) if inexact]
-        res = jvp(*consts, *args, *dense)
+        pattern = tuple(type(t) is not jax.custom_derivatives.SymbolicZero
+                        for t, inexact in zip(t_args, args_inexact) if inexact)
+        res = (variants or {}).get(pattern, jvp)(*consts, *args, *dense)
         it = iter(res[len(outs):])
         t_outs = [next(it) if jnp.issubdtype(dtype, jnp.inexact) else _zeros(shape, dtype)
                   for shape, dtype in outs]
@@ -317,7 +344,7 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
                 full = list(consts)
                 for i, v in zip(hot, values):
                     full[i] = v
-                return primal(*full, *args)
+                return forward_primal(*full, *args)
             _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
                                tuple(t_consts[i] for i in hot))
             t_outs = [t + e if jnp.issubdtype(dtype, jnp.inexact) else t
@@ -326,6 +353,55 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
 
     fun.defjvp(jvp_with_consts, symbolic_zeros=True)
     return fun
+'''
+HELPERS["_vjp_by_pattern"] = '''
+@jax.tree_util.register_pytree_node_class
+class _PatternResiduals:
+    """A variant's residuals and, as static data, the pattern its fwd was picked by."""
+
+    def __init__(self, family, res):
+        self.family, self.res = family, res
+
+    def tree_flatten(self):
+        return (self.res,), self.family
+
+    @classmethod
+    def tree_unflatten(cls, family, children):
+        return cls(family, *children)
+
+
+def _vjp_by_pattern(fwd, bwd, fwd_variants, bwd_variants, args_inexact, outs_inexact):
+    """fwd and bwd of a symbolic-zeros custom_vjp traced per perturbation pattern:
+    fwd picks the variant traced for which inexact arguments are perturbed, bwd the
+    one for that pattern and which output cotangents are not SymbolicZero; other
+    patterns use ``fwd`` / ``bwd``."""
+    def by_pattern_fwd(*primals):
+        family = tuple(p.perturbed for p, inexact in zip(primals, args_inexact) if inexact)
+        family = family if family in fwd_variants else ()
+        out, res = (fwd_variants[family] if family else fwd)(*primals)
+        return out, _PatternResiduals(family, res)
+
+    def by_pattern_bwd(saved, cts):
+        listed = list(cts) if len(outs_inexact) != 1 else [cts]
+        ct_pattern = tuple(type(c) is not jax.custom_derivatives.SymbolicZero
+                           for c, inexact in zip(listed, outs_inexact) if inexact)
+        rule = bwd_variants.get((saved.family, ct_pattern))
+        if rule is None:
+            rule = (bwd_variants[(saved.family, (True,) * len(ct_pattern))] if saved.family
+                    else bwd)
+        return rule(saved.res, cts)
+    return by_pattern_fwd, by_pattern_bwd
+'''
+HELPERS["_jvp_by_pattern"] = '''
+def _jvp_by_pattern(rule, variants, args_inexact):
+    """A symbolic-zeros jvp rule traced per perturbation pattern: ``variants`` maps
+    which inexact arguments have a tangent that is not a SymbolicZero to the rule
+    traced for exactly those; other patterns use ``rule``."""
+    def by_pattern(primals, tangents):
+        pattern = tuple(type(t) is not jax.custom_derivatives.SymbolicZero
+                        for t, inexact in zip(tangents, args_inexact) if inexact)
+        return variants.get(pattern, rule)(primals, tangents)
+    return by_pattern
 '''
 HELPERS["_prng_impl"] = '''
 def _prng_impl(name):
@@ -344,7 +420,8 @@ def _copy_semantics(name):
     return closed.eqns[0].params["copy_semantics"][0]
 '''
 
-HELPER_IMPORTS.update({"_prng_impl": (), "_copy_semantics": (), "_closed_over": (), "_custom_vjp_with_consts": (),
+HELPER_IMPORTS.update({"_jvp_by_pattern": (), "_vjp_by_pattern": (),
+                       "_prng_impl": (), "_copy_semantics": (), "_closed_over": (), "_custom_vjp_with_consts": (),
                        "_custom_jvp_with_consts": ()})
 HELPERS["_treedef"] = '''
 def _treedef(node):

@@ -13,7 +13,14 @@ First-order params (every Region constant-free):
 
 * custom_vjp_call: call_jaxpr, fwd_jaxpr, bwd_jaxpr, num_consts, num_res, symbolic_zeros,
   name, source, const_names, closed_over, max_forward_size, reverse_ok
-* custom_jvp_call: call_jaxpr, jvp_jaxpr, num_consts, symbolic_zeros, + the same info fields
+* custom_vjp_call, symbolic-zeros rules traced per perturbation pattern, also:
+  fwd_variants / fwd_variant_patterns ((in_pattern, num_res) each) and bwd_variants /
+  bwd_variant_patterns ((family, ct_pattern) each: the in_pattern of the fwd whose
+  residuals the bwd takes, () for fwd_jaxpr's; which output cotangents are nonzero)
+* custom_jvp_call: call_jaxpr, jvp_jaxpr, num_consts, symbolic_zeros, + the same info fields;
+  a symbolic-zeros rule traced per perturbation pattern also has jvp_variants (Regions
+  with jvp_jaxpr's layout) and jvp_variant_patterns (one tuple of bools per variant:
+  which inexact arguments are perturbed)
 * linear_call: callee, transpose_jaxpr, num_callee_consts (always 0), num_res
 
 A rule that calls its own custom function holds a Region that (through its fwd, bwd,
@@ -59,13 +66,29 @@ def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
     p.update(num_consts=rule.num_consts, num_res=rule.num_res,
              symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
+    if rule.fwd_variants:  # only symbolic-zeros rules have them: other params unchanged
+        p["fwd_variant_patterns"] = tuple((_bools(pattern), int(n))
+                                          for pattern, _, n in rule.fwd_variants)
+        p["fwd_variants"] = tuple(to_region(body(f)) for _, f, _ in rule.fwd_variants)
+    if rule.bwd_variants:
+        p["bwd_variant_patterns"] = tuple((_bools(family), _bools(ct))
+                                          for family, ct, _ in rule.bwd_variants)
+        p["bwd_variants"] = tuple(to_region(body(b)) for _, _, b in rule.bwd_variants)
     return p
+
+
+def _bools(pattern) -> tuple:
+    return tuple(bool(b) for b in pattern)
 
 
 def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
     p = {"call_jaxpr": to_region(rule.call), "jvp_jaxpr": to_region(body(rule.jvp))}
     p.update(num_consts=rule.num_consts, symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
+    if rule.variants:  # only symbolic-zeros rules have them: other params unchanged
+        p["jvp_variant_patterns"] = tuple(tuple(bool(b) for b in pattern)
+                                          for pattern, _ in rule.variants)
+        p["jvp_variants"] = tuple(to_region(body(v)) for _, v in rule.variants)
     return p
 
 
@@ -101,15 +124,31 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
         region = params[key]
         return LazyJaxpr(lambda: from_region(region))
 
+    def lazy_region(region):
+        return LazyJaxpr(lambda: from_region(region))
+
     if name == "custom_vjp_call":
+        fwd_variants = tuple(
+            (tuple(pattern), lazy_region(region), n)
+            for (pattern, n), region in zip(params.get("fwd_variant_patterns", ()),
+                                            params.get("fwd_variants", ())))
+        bwd_variants = tuple(
+            (tuple(family), tuple(ct), lazy_region(region))
+            for (family, ct), region in zip(params.get("bwd_variant_patterns", ()),
+                                            params.get("bwd_variants", ())))
         return VJPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
                        fwd=lazy("fwd_jaxpr"), bwd=lazy("bwd_jaxpr"),
                        num_consts=params["num_consts"], num_res=params["num_res"],
-                       symbolic_zeros=params["symbolic_zeros"])
+                       symbolic_zeros=params["symbolic_zeros"],
+                       fwd_variants=fwd_variants, bwd_variants=bwd_variants)
     if name == "custom_jvp_call":
+        variants = tuple(
+            (tuple(pattern), LazyJaxpr(lambda region=region: from_region(region)))
+            for pattern, region in zip(params.get("jvp_variant_patterns", ()),
+                                       params.get("jvp_variants", ())))
         return JVPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
                        jvp=lazy("jvp_jaxpr"), num_consts=params["num_consts"],
-                       symbolic_zeros=params["symbolic_zeros"])
+                       symbolic_zeros=params["symbolic_zeros"], variants=variants)
     info = RuleInfo(name="linear_call", source="<linear_call>", const_names=())
     return LinearRule(info=info, callee=from_region(params["callee"]),
                       transpose=lazy("transpose_jaxpr"), num_res=params["num_res"])

@@ -123,6 +123,13 @@ class VJPRule:
     num_consts: int
     num_res: int
     symbolic_zeros: bool = False  # the user's flag (rules are stored dense)
+    # A symbolic-zeros rule traced per perturbation pattern (docs/closure.md):
+    # fwd_variants ((in_pattern, fwd, num_res), ...) by which inexact arguments are
+    # perturbed; bwd_variants ((family, ct_pattern, bwd), ...) by the fwd whose
+    # residuals they take (its in_pattern, () for ``fwd``) and which inexact outputs'
+    # cotangents are not SymbolicZero.  Patterns not listed use ``fwd`` / ``bwd``.
+    fwd_variants: tuple = ()
+    bwd_variants: tuple = ()
 
     def replace(self, **kw) -> "VJPRule":
         return dataclasses.replace(self, **kw)
@@ -135,6 +142,10 @@ class JVPRule:
     jvp: Any                    # ClosedJaxpr (c, x, t_x) -> (y, t_y) (inexact leaves), or lazy
     num_consts: int
     symbolic_zeros: bool = False
+    # A symbolic-zeros rule traced per pattern of perturbed inexact arguments:
+    # ((pattern, jvp ClosedJaxpr or LazyJaxpr), ...), same layout as ``jvp``; the
+    # pattern all-perturbed (and any not listed) uses ``jvp``.
+    variants: tuple = ()
 
     def replace(self, **kw) -> "JVPRule":
         return dataclasses.replace(self, **kw)
@@ -326,25 +337,38 @@ def build_custom_vjp(rule: VJPRule):
 
     primal.__name__ = primal.__qualname__ = info.name
     g = jax.custom_vjp(primal)
+    fwd_by_pattern = {pattern: (f, n) for pattern, f, n in rule.fwd_variants}
+    bwd_by_pattern = {(family, ct): b for family, ct, b in rule.bwd_variants}
 
     def fwd(*prims):
         vals = [p.value for p in prims]
         mode = info.const_mode("vjp", [p.perturbed for p in prims[:nc]], const_avals)
-        outs_res = run(rule.fwd, *vals)
+        # The user's fwd as traced with exactly these arguments perturbed, if it was.
+        family = tuple(p.perturbed for p, a in zip(prims[nc:], arg_avals) if is_inexact(a))
+        if family not in fwd_by_pattern:
+            family = ()
+        outs_res = run(fwd_by_pattern[family][0] if family else rule.fwd, *vals)
         outs, res = outs_res[:n_out], outs_res[n_out:]
         keep_args = tuple(vals[nc:]) if mode != "none" else ()
         hot = tuple(i for i, p in enumerate(prims[:nc]) if p.perturbed)
         args_hot = any(p.perturbed for p in prims[nc:])
-        return list(outs), _Saved((mode, hot, args_hot), tuple(vals[:nc]), tuple(res), keep_args)
+        return list(outs), _Saved((mode, hot, args_hot, family), tuple(vals[:nc]), tuple(res),
+                                  keep_args)
 
     def bwd(saved, cts):
-        mode, hot, args_hot = saved.mode
+        mode, hot, args_hot, family = saved.mode
+        ct_pattern = tuple(type(c) is not SymbolicZero for c, a in zip(cts, out_avals)
+                           if is_inexact(a))
         cts = [_dense(c, a.to_cotangent_aval() if hasattr(a, "to_cotangent_aval") else a)
                if is_inexact(a) else None for c, a in zip(cts, out_avals)]
         dense_cts = [c for c in cts if c is not None]
         arg_cts: list = [None] * len(arg_avals)
         if args_hot:  # as in JAX, the user's bwd runs only for perturbed arguments
-            it = iter(run(rule.bwd, *saved.consts, *saved.res, *dense_cts))
+            rule_bwd = bwd_by_pattern.get((family, ct_pattern))
+            if rule_bwd is None:
+                rule_bwd = bwd_by_pattern[(family, (True,) * len(dense_cts))] if family \
+                    else rule.bwd
+            it = iter(run(rule_bwd, *saved.consts, *saved.res, *dense_cts))
             arg_cts = [next(it) if is_inexact(a) else None for a in arg_avals]
         const_cts: list = [None] * nc
         if mode == "reverse":
@@ -381,6 +405,7 @@ def build_custom_jvp(rule: JVPRule):
 
     primal.__name__ = primal.__qualname__ = info.name
     g = jax.custom_jvp(primal)
+    variants = dict(rule.variants)
 
     def jvp(primals, tangents):
         consts, args = list(primals[:nc]), list(primals[nc:])
@@ -393,7 +418,11 @@ def build_custom_jvp(rule: JVPRule):
             t_outs = [_zeros(a.to_tangent_aval()) for a in out_avals]
         else:
             dense = [_dense(t, a) for t, a in zip(t_args, arg_avals) if is_inexact(a)]
-            res = run(rule.jvp, *consts, *args, *dense)
+            # The user's rule as traced with exactly these inputs perturbed (it saw
+            # SymbolicZero for the others, as JAX would give it).
+            pattern = tuple(type(t) is not SymbolicZero
+                            for t, a in zip(t_args, arg_avals) if is_inexact(a))
+            res = run(variants.get(pattern, rule.jvp), *consts, *args, *dense)
             outs, t_in = res[:n_out], iter(res[n_out:])
             t_outs = [next(t_in) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
                       for a in out_avals]

@@ -67,6 +67,9 @@ class TraceSession:
         self.keepalive: list[Any] = []
         self.rules_traced = 0
         self.perturbable = jx.PerturbationOracle()
+        # Inside jaxpr_cc.jit (jax.jit's drop-in), JAX's own errors where jaxpr_cc.trace
+        # goes beyond JAX: a tracer in a custom_vjp nondiff position.
+        self.jax_errors = getattr(_local, "jax_errors", False)
 
     def info(self, fn, consts, roots) -> RuleInfo:
         return RuleInfo(name=naming.name_of(fn), source=naming.source_of(fn),
@@ -76,6 +79,8 @@ class TraceSession:
     # --------------------------------------------------------- custom_vjp
     def call_custom_vjp(self, cvjp, args, kwargs):
         args = jx.resolve_kwargs(cvjp.fun, args, kwargs)
+        if self.jax_errors:  # JAX refuses a tracer in a nondiff position first thing
+            jx.check_custom_vjp_nondiff_args(args, cvjp.nondiff_argnums)
         if jx.evaluated_eagerly(args) or self._jax_can_run_rules(cvjp, args):
             return _originals["vjp"](cvjp, *args)
         try:
@@ -226,12 +231,23 @@ class TraceSession:
                 return _Traced(*_unperturbed_vjp(p_jaxpr, p_consts, avals, out_avals), 0)
             if refuse is not None:
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals, refuse), 0)
+            traced = trace_pattern(perturbed, None)
+            if cvjp.symbolic_zeros and self._variants_allowed():
+                traced.add_vjp_variants(self._vjp_variants(avals, out_avals, perturbed,
+                                                           trace_pattern, traced))
+            return traced
+
+        def trace_pattern(in_perturbed, ct_pattern, fwd=None) -> _Traced:
+            """fwd and bwd as traced for one perturbation pattern (``fwd``: the
+            pattern's fwd, already traced, when only a bwd is wanted)."""
             try:
-                f_jaxpr, f_consts, num_res, res_layout = self._trace_vjp_fwd(
-                    cvjp, static, nondiff, n_args, in_tree, avals, out_tree, perturbed)
+                if fwd is None:
+                    fwd = self._trace_vjp_fwd(cvjp, static, nondiff, n_args, in_tree, avals,
+                                              out_tree, in_perturbed)
+                f_jaxpr, f_consts, num_res, res_layout = fwd
                 b_jaxpr, b_consts = self._trace_vjp_bwd(
                     cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
-                    res_layout, perturbed)
+                    res_layout, in_perturbed, ct_pattern)
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
@@ -239,14 +255,17 @@ class TraceSession:
                     raise _JitReentry() from e
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("vjp", cvjp.fwd, e)), 0)
-            return _Traced(f_jaxpr, f_consts, b_jaxpr, b_consts, num_res)
+            traced = _Traced(f_jaxpr, f_consts, b_jaxpr, b_consts, num_res)
+            traced.fwd_traced = fwd
+            return traced
 
-        def rule_for(consts, fwd, bwd, num_res):
+        def rule_for(consts, fwd, bwd, num_res, fwd_variants=(), bwd_variants=()):
             call = _close(_with_consts(p_jaxpr, p_consts, consts))
             named = self.info(cvjp.fun, consts, [cvjp.fun, cvjp.fwd, cvjp.bwd, *static])
             return VJPRule(info=_with_reverse_ok(named, call), call=call, fwd=fwd, bwd=bwd,
                            num_consts=len(consts), num_res=num_res,
-                           symbolic_zeros=bool(cvjp.symbolic_zeros))
+                           symbolic_zeros=bool(cvjp.symbolic_zeros),
+                           fwd_variants=fwd_variants, bwd_variants=bwd_variants)
 
         def provisional(consts):
             return build_custom_vjp(rule_for(consts, LazyJaxpr(lambda: pending.rule.fwd),
@@ -255,12 +274,55 @@ class TraceSession:
         def finish(t: "_Traced", consts):
             if consts is None:
                 consts = _dedupe(p_consts + t.consts)
-            rule = rule_for(consts, _close(_with_consts(t.first, t.first_consts, consts)),
-                            _close(_with_consts(t.second, t.second_consts, consts)), t.num_res)
+            def closed(jaxpr, own):
+                return _close(_with_consts(jaxpr, own, consts))
+            fwd_variants = tuple((pattern, closed(v.first, v.first_consts), v.num_res)
+                                 for pattern, v in t.fwd_variants)
+            bwd_variants = tuple((family, ct_pattern, closed(v.second, v.second_consts))
+                                 for family, ct_pattern, v in t.bwd_variants)
+            rule = rule_for(consts, closed(t.first, t.first_consts),
+                            closed(t.second, t.second_consts), t.num_res,
+                            fwd_variants, bwd_variants)
             return rule, consts, out_tree, build_custom_vjp(rule)
 
         pending.provisional = provisional
         return self._traced_recursively(key, pending, trace_rules, finish)
+
+    def _variants_allowed(self) -> bool:
+        """Per-pattern variants only for a rule called outside other rules' bodies:
+        a rule traced inside another's variant would trace variants of its own, a
+        cost exponential in the nesting (equinox's solvers nest filter_custom_vjp
+        rules); nested rules use the rule traced with every input perturbed."""
+        return len(self.in_progress) <= 1
+
+    def _vjp_variants(self, avals, out_avals, perturbed, trace_pattern, main):
+        """A symbolic-zeros custom_vjp traced per perturbation pattern: its fwd for
+        each pattern of perturbed inputs (``perturbed`` in CustomVJPPrimal), and its
+        bwd for each such pattern and each pattern of output cotangents that are not
+        SymbolicZero.  Returns ``(fwd_variants, bwd_variants)``: ``[(in_pattern,
+        traced)]`` and ``[(family, ct_pattern, traced)]``, where family is the
+        in_pattern of the fwd whose residuals bwd takes, ``()`` for the main fwd."""
+        inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
+        in_patterns = _variant_patterns(avals, perturbed)
+        n_ct = sum(1 for a in out_avals if is_inexact(a))
+        ct_patterns = _variant_patterns(out_avals, [True] * len(out_avals))
+        if (1 + len(in_patterns)) * (1 + len(ct_patterns)) > _MAX_VJP_VARIANTS:
+            ct_patterns = []
+        full_ct = (True,) * n_ct
+        fwd_variants, bwd_variants = [], []
+        families = [((), tuple(perturbed), getattr(main, "fwd_traced", None))]
+        for pattern in in_patterns:
+            flags = [False] * len(avals)
+            for i, q in zip(inexact, pattern):
+                flags[i] = q
+            traced = trace_pattern(tuple(flags), None)
+            fwd_variants.append((pattern, traced))
+            bwd_variants.append((pattern, full_ct, traced))
+            families.append((pattern, tuple(flags), getattr(traced, "fwd_traced", None)))
+        for family, flags, fwd in families:
+            for ct_pattern in ct_patterns:
+                bwd_variants.append((family, ct_pattern, trace_pattern(flags, ct_pattern, fwd)))
+        return fwd_variants, bwd_variants
 
     def _trace_vjp_fwd(self, cvjp, static, nondiff, n_args, in_tree, avals, out_tree, perturbed):
         store = {}
@@ -294,7 +356,9 @@ class TraceSession:
         return jaxpr, consts, store["n_res"], store["res"]
 
     def _trace_vjp_bwd(self, cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
-                       res_layout, perturbed):
+                       res_layout, perturbed, ct_pattern=None):
+        """``ct_pattern`` (over the inexact outputs): which output cotangents are not
+        symbolic zeros; the others reach a symbolic-zeros bwd as SymbolicZero."""
         n_out = len(out_avals)
         res_tree, fixed_res = res_layout
         res_avals = [v.aval for v in f_jaxpr.outvars[n_out:]]
@@ -307,6 +371,10 @@ class TraceSession:
             it = iter(xs[num_res:])
             cts = [next(it) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
                    for a in out_avals]
+            if ct_pattern is not None:
+                nonzero = iter(ct_pattern)
+                cts = [ct if not is_inexact(a) or next(nonzero)
+                       else SymbolicZero(a.to_tangent_aval()) for ct, a in zip(cts, out_avals)]
             got = cvjp.bwd(*static, res, tree_util.tree_unflatten(out_tree, cts))
             return _flatten_cotangents(got, in_tree, avals, cvjp, perturbed)
 
@@ -342,8 +410,13 @@ class TraceSession:
             if refuse is not None:
                 return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals, refuse))
             try:
-                return _Traced(*self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
-                                                out_avals, perturbed))
+                traced = _Traced(*self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
+                                                  out_avals, perturbed))
+                if cjvp.symbolic_zeros and self._variants_allowed():
+                    traced.add_variants(self._trace_jvp_variants(
+                        cjvp, static, in_tree, avals, out_tree, out_avals, perturbed,
+                        (p_jaxpr, p_consts)))
+                return traced
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
@@ -352,19 +425,28 @@ class TraceSession:
                 return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("jvp", cjvp.jvp, e)))
 
-        def rule_for(consts, jvp):
+        def rule_for(consts, jvp, variants=()):
             call = _close(_with_consts(p_jaxpr, p_consts, consts))
             info = self.info(cjvp.fun, consts, [cjvp.fun, cjvp.jvp, *static])
             return JVPRule(info=_with_reverse_ok(info, call), call=call, jvp=jvp,
-                           num_consts=len(consts), symbolic_zeros=bool(cjvp.symbolic_zeros))
+                           num_consts=len(consts), symbolic_zeros=bool(cjvp.symbolic_zeros),
+                           variants=variants)
 
         def provisional(consts):
-            return build_custom_jvp(rule_for(consts, LazyJaxpr(lambda: pending.rule.jvp)))
+            # Calls from inside the rule (recursion) get its variants too, once made.
+            variants = tuple(
+                (pattern, LazyJaxpr(lambda pattern=pattern: dict(pending.rule.variants)[pattern]))
+                for pattern in _variant_patterns(avals, perturbed)) if cjvp.symbolic_zeros else ()
+            return build_custom_jvp(rule_for(consts, LazyJaxpr(lambda: pending.rule.jvp),
+                                             variants))
 
         def finish(t: "_Traced", consts):
             if consts is None:
                 consts = _dedupe(p_consts + t.consts)
-            rule = rule_for(consts, _close(_with_consts(t.first, t.first_consts, consts)))
+            variants = tuple((pattern, _close(_with_consts(j, c, consts)))
+                             for pattern, j, c in t.variants)
+            rule = rule_for(consts, _close(_with_consts(t.first, t.first_consts, consts)),
+                            variants)
             return rule, consts, out_tree, build_custom_jvp(rule)
 
         pending.provisional = provisional
@@ -400,6 +482,36 @@ class TraceSession:
 
         jaxpr, consts, _ = jx.trace_flat(jvp_flat, [*avals, *t_avals], "custom_jvp jvp")
         return jaxpr, consts
+
+    def _trace_jvp_variants(self, cjvp, static, in_tree, avals, out_tree, out_avals, perturbed,
+                            primal):
+        """A symbolic-zeros jvp rule traced once per pattern of perturbed inputs JAX
+        may give it when the program is differentiated: every nonempty proper subset
+        of the inputs perturbable now (the full set is the rule's main jvp).  Which
+        inputs JAX perturbs is known only then; the rule sees SymbolicZero for the
+        others, as in JAX.  Returns ``[(pattern over inexact leaves, jaxpr, consts)]``;
+        none beyond ``_MAX_PATTERN_INPUTS`` perturbable inputs (docs/closure.md).
+        A pattern the rule raises for raises when JAX runs it (``primal``: the
+        primal's jaxpr and closed-over values)."""
+        inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
+        out = []
+        for pattern in _variant_patterns(avals, perturbed):
+            full = [False] * len(avals)
+            for i, p in zip(inexact, pattern):
+                full[i] = p
+            try:
+                jaxpr, consts = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
+                                                out_avals, tuple(full))
+            except ClosureConversionError:
+                raise
+            except Exception as e:  # raises as in JAX, if JAX ever gives it this pattern
+                if jx.is_jit_reentry_error(e):
+                    raise _JitReentry() from e
+                p_jaxpr, p_consts = primal
+                jaxpr, consts = _refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
+                                              _rule_error("jvp", cjvp.jvp, e))
+            out.append((pattern, jaxpr, consts))
+        return out
 
     # --------------------------------------------------------- linear_call
     def bind_linear_call(self, operands, params):
@@ -446,6 +558,13 @@ _MAX_LINEAR_NESTING = 32
 _MAX_UNFOLDING = 4
 _MATCH_RELATIVES = True  # calls of the same structure at other values are recursion
 _SETTLE_ROUNDS = 8  # a recursive rule's closed-over values settle in one or two rounds
+# A symbolic-zeros jvp rule is traced once per perturbation pattern of its perturbable
+# inputs (2**n - 2 extra traces) up to this many such inputs; beyond it, patterns
+# other than "all perturbed" use the rule traced with every input perturbed.
+_MAX_PATTERN_INPUTS = 3
+# A symbolic-zeros custom_vjp: at most this many (fwd pattern x cotangent pattern)
+# traces; beyond it, bwd is traced with every cotangent dense for each fwd pattern.
+_MAX_VJP_VARIANTS = 16
 
 
 class _Traced:
@@ -457,6 +576,22 @@ class _Traced:
         self.second, self.second_consts = _without_dead_equations(second), list(second_consts)
         self.num_res = num_res
         self.consts = _dedupe(self.first_consts + self.second_consts)
+        self.variants: list = []  # (pattern, jaxpr, consts): see _trace_jvp_variants
+
+    def add_variants(self, variants: list) -> None:
+        self.variants = list(variants)
+        self.consts = _dedupe(self.consts + [c for _, _, cs in variants for c in cs])
+
+    fwd_variants: list = []
+    bwd_variants: list = []
+
+    def add_vjp_variants(self, variants) -> None:
+        """(fwd_variants, bwd_variants) of _vjp_variants: their closed-over values
+        are the rule's too."""
+        self.fwd_variants, self.bwd_variants = (list(v) for v in variants)
+        more = [c for _, v in self.fwd_variants for c in v.consts]
+        more += [c for _, _, v in self.bwd_variants for c in v.consts]
+        self.consts = _dedupe(self.consts + more)
 
 
 def _without_dead_equations(jaxpr):
@@ -526,6 +661,21 @@ class _Pending:
             fn = getattr(self.g, attr, None)
             if fn is not None and hasattr(fn, "_jaxpr_cc_rule"):
                 fn._jaxpr_cc_rule = rule
+
+
+def _variant_patterns(avals, perturbed) -> list[tuple[bool, ...]]:
+    """The perturbation patterns (over the inexact leaves) a symbolic-zeros rule is
+    traced for besides "all perturbable inputs": every nonempty proper subset of
+    those inputs, when there are 2 to ``_MAX_PATTERN_INPUTS`` of them."""
+    inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
+    hot = [k for k, i in enumerate(inexact) if perturbed[i]]
+    if len(hot) < 2 or len(hot) > _MAX_PATTERN_INPUTS:
+        return []
+    out = []
+    for mask in range(1, 2 ** len(hot) - 1):
+        chosen = {hot[j] for j in range(len(hot)) if mask >> j & 1}
+        out.append(tuple(k in chosen for k in range(len(inexact))))
+    return out
 
 
 def _structure(p_jaxpr, static) -> tuple:
@@ -826,6 +976,19 @@ def install_hooks() -> None:
         jax.custom_jvp.__call__ = _patched_jvp_call
         jx.linear_call_p.bind = _patched_linear_bind
         _installed = True
+
+
+@contextlib.contextmanager
+def jax_errors():
+    """Sessions opened inside raise JAX's own errors where ``jaxpr_cc.trace`` accepts
+    more than JAX (a tracer passed in a custom_vjp ``nondiff_argnums`` position, which
+    trace makes a closed-over operand): ``jaxpr_cc.jit`` stands in for ``jax.jit``."""
+    prev = getattr(_local, "jax_errors", False)
+    _local.jax_errors = True
+    try:
+        yield
+    finally:
+        _local.jax_errors = prev
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ trace is live).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -21,7 +22,8 @@ from ..closure import naming
 from ..closure.errors import ClosureConversionError
 from ..closure.ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
 from ..closure.rules import RuleInfo, is_inexact
-from ..closure.session import _dedupe, _insert_inputs, _with_consts, session
+from ..closure.session import (_dedupe, _insert_inputs, _variant_patterns, _with_consts,
+                               session)
 from ..ir.clone import clone_function
 from ..ir.equation import Equation
 from ..ir.region import Region
@@ -316,13 +318,18 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     jvp_fun = p["jvp_jaxpr_fun"]
     t_avals = [a for a in arg_avals if is_inexact(a)]
 
-    def jvp_dense(*xs):
+    def jvp_dense(*xs, pattern=None):
         consts_, primals = xs[:nc], xs[nc:nc + len(args)]
         it = iter(xs[nc + len(args):])
         # JAX's thunk takes "tangent is zero" flags: the primal's own consts carry none.
-        in_zeros = [True] * nc + [not is_inexact(a) for a in arg_avals]
+        # ``pattern``: which inexact arguments are perturbed (all when None).
+        hot = iter(pattern) if pattern is not None else None
+        perturbed = [is_inexact(a) and (hot is None or next(hot)) for a in arg_avals]
+        in_zeros = [True] * nc + [not q for q in perturbed]
         jvp_jaxpr, jvp_consts, out_zeros = _call_jvp_thunk(jvp_fun, in_zeros)
-        tangents = [next(it) for a in arg_avals if is_inexact(a)]
+        tangents = [t for t, q in zip([next(it) for a in arg_avals if is_inexact(a)],
+                                      [q for q, a in zip(perturbed, arg_avals) if is_inexact(a)])
+                    if q]
         outs = jx.eval_jaxpr(jvp_jaxpr, jvp_consts, *consts_, *primals, *tangents)
         y, t_nz = outs[:n_out], iter(outs[n_out:])
         t = [jax.numpy.zeros(a.shape, a.dtype) if z else next(t_nz)
@@ -330,22 +337,46 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
         t = [jx.instantiate_zero(ti, a) for ti, a in zip(t, out_avals)]
         return [*y, *[ti for ti, a in zip(t, out_avals) if is_inexact(a)]]
 
-    j_j, j_c, _ = _trace("jvp", jvp_fun, jvp_dense,
-                         [a.aval for a in jax_consts] + arg_avals + t_avals, "custom_jvp jvp")
+    in_avals = [a.aval for a in jax_consts] + arg_avals + t_avals
+    j_j, j_c, _ = _trace("jvp", jvp_fun, jvp_dense, in_avals, "custom_jvp jvp")
     _check_concrete("jvp", jvp_fun, j_c)
-    extra = _dedupe(list(j_c))
+    # A symbolic-zeros rule is traced per perturbation pattern too (docs/closure.md):
+    # which arguments JAX perturbs is known only when it differentiates.
+    variants = []
+    if p.get("symbolic_zeros", False):
+        for pattern in _variant_patterns(arg_avals, [is_inexact(a) for a in arg_avals]):
+            try:
+                v_j, v_c, _ = _trace("jvp", jvp_fun,
+                                     functools.partial(jvp_dense, pattern=pattern),
+                                     in_avals, "custom_jvp jvp")
+            except ClosureConversionError:
+                raise
+            except Exception:  # noqa: BLE001 -- a pattern the rule refuses: the main rule
+                continue
+            _check_concrete("jvp", jvp_fun, v_c)
+            variants.append((pattern, v_j, list(v_c)))
+    extra = _dedupe(list(j_c) + [c for _, _, v_c in variants for c in v_c])
     new_vals = _new_consts(region, eqn, extra)
     call = _with_inputs(p["call_jaxpr"], nc, [jx.typeof(v) for v in extra])
     # jvp: (j_c, jax_consts, args, t) -> ... ==> (jax_consts, extra, args, t)
-    lead = j_j.invars[:len(j_c)]
-    by_id = {id(v): var for v, var in zip(j_c, lead)}
-    invars = list(j_j.invars[len(j_c):len(j_c) + nc])
-    invars += [by_id.get(id(v)) or jx.Var(jx.typeof(v)) for v in extra]
-    invars += list(j_j.invars[len(j_c) + nc:])
-    jvp_j = jx.Jaxpr([], invars, j_j.outvars, j_j.eqns, j_j.effects,
-                     jx.fit_debug_info(j_j.debug_info, len(invars), len(j_j.outvars)))
+    def rebased(j_j, j_c):
+        lead = j_j.invars[:len(j_c)]
+        by_id = {id(v): var for v, var in zip(j_c, lead)}
+        invars = list(j_j.invars[len(j_c):len(j_c) + nc])
+        invars += [by_id.get(id(v)) or jx.Var(jx.typeof(v)) for v in extra]
+        invars += list(j_j.invars[len(j_c) + nc:])
+        return jx.Jaxpr([], invars, j_j.outvars, j_j.eqns, j_j.effects,
+                        jx.fit_debug_info(j_j.debug_info, len(invars), len(j_j.outvars)))
+    jvp_j = rebased(j_j, j_c)
     target = jx.wrapped_fun_target(jvp_fun)
     memo: dict = {}
+    variant_params = {}
+    if variants:
+        variant_params = {
+            "jvp_variant_patterns": tuple(pattern for pattern, _, _ in variants),
+            "jvp_variants": tuple(
+                region_from_closed_jaxpr(jx.ClosedJaxpr(rebased(v_j, v_c), []), None, memo)
+                for _, v_j, v_c in variants)}
     params = {
         "call_jaxpr": call,
         "jvp_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(jvp_j, []), None, memo),
@@ -354,6 +385,7 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
         "const_names": tuple(f"const{i}" for i in range(nc + len(extra))),
         "closed_over": closed_over, "max_forward_size": max_forward_size,
         "reverse_ok": not _reaches_while(call),
+        **variant_params,
     }
     _replace_equation(region, eqn, jax_consts + new_vals + args, params)
     return params, extra
