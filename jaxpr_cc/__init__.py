@@ -70,11 +70,17 @@ def _save_program(program, path) -> None:
     save(program, path)
 
 
+def _forward_mode_region(region):
+    from .passes.vjp_to_jvp import forward_mode_region
+    return forward_mode_region(region)
+
+
 def _provide_program_services() -> None:
     from .ir import program_services
     program_services.provide(region_from_closed_jaxpr=_region_from_closed_jaxpr,
                              region_to_closed_jaxpr=_region_to_closed_jaxpr,
                              forward_mode_jaxpr=_forward_mode_jaxpr,
+                             forward_mode_region=_forward_mode_region,
                              save_program=_save_program)
 
 

@@ -23,6 +23,7 @@ _SERVICES = {
     "region_from_closed_jaxpr": "jaxpr_cc.frontend.from_jaxpr",
     "region_to_closed_jaxpr": "jaxpr_cc.backends.jaxpr",
     "forward_mode_jaxpr": "jaxpr_cc.passes.vjp_to_jvp",
+    "forward_mode_region": "jaxpr_cc.passes.vjp_to_jvp",
     "save_program": "jaxpr_cc.io.api",
 }
 _provided: dict[str, Callable[..., Any]] = {}
@@ -66,6 +67,12 @@ def forward_mode_jaxpr(program):
     """``program`` as a ``ClosedJaxpr`` whose custom_vjp rules also have a forward mode,
     for evaluation under JAX's autodiff."""
     return _service("forward_mode_jaxpr")(program)
+
+
+def forward_mode_region(region):
+    """``region`` with forward mode through the custom_vjp rules it calls (a rewritten
+    copy), or None when it calls none (the Python backend's forward-mode primals)."""
+    return _service("forward_mode_region")(region)
 
 
 def save_program(program, path) -> None:

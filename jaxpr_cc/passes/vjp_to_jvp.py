@@ -466,3 +466,28 @@ def forward_mode_jaxpr(program):
     closed = with_forward_mode(program).to_jaxpr()
     program.__dict__["_jaxpr_cc_forward_mode"] = (stamp, closed)
     return closed
+
+
+def forward_mode_region(call):
+    """``call`` with forward mode through the custom_vjp rules it calls (a rewritten
+    copy), or None when it calls none."""
+    from jax import tree_util
+
+    from ..ir.program import Program
+    from .manager import run_passes
+    n_in, n_out = len(call.invars), len(call.outvars)
+    program = Program(call, tree_util.tree_structure((tuple(range(n_in)), {})),
+                      tree_util.tree_structure(list(range(n_out))), name="primal")
+    if not has_custom_vjp(program):
+        return None
+    # As the Program's own rewrite does for a primal whose forward columns are formed
+    # (vjp_to_jvp's ``primal_differentiated``): a rule whose bwd cannot be transposed
+    # takes its tangent from its own primal, since refusing would fail reverse mode.
+    for _ in range(2):  # a recursive rule's bodies hold calls a first run has passed
+        program = run_passes(program, _FORWARD_PRIMAL_PIPELINE)
+        if not has_custom_vjp(program):
+            break
+    return program.body
+
+
+_FORWARD_PRIMAL_PIPELINE = "vjp-to-jvp{on-failure=keep untransposable=primal}"
