@@ -14,9 +14,27 @@ def is_traced(x: Any) -> bool:
     return isinstance(x, Tracer)
 
 
+def is_mutable_ref(x: Any) -> bool:
+    """A ``jax.Ref`` (``jax.new_ref``): mutable state the program reads and writes,
+    not a value -- never hoisted, folded or deduplicated by content."""
+    import jax
+    return isinstance(x, jax.Ref)
+
+
+def identity_only(x: Any) -> bool:
+    """A constant compared by identity, never by content: a value of an enclosing
+    trace (no bytes yet) or a mutable ``jax.Ref`` (its bytes change)."""
+    return is_traced(x) or is_mutable_ref(x)
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """A host numpy view of ``x``; PRNG key arrays become their raw key data."""
     import jax
+    if is_mutable_ref(x):
+        # np.asarray would index the Ref item by item forever (ref[i] never raises).
+        raise TypeError(f"a mutable jax.Ref ({jax.typeof(x)}) has no fixed value to read "
+                        f"as an array; a program closing over one can run, but not be "
+                        f"saved, emitted or constant-folded")
     if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
     return np.asarray(x)

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .arrays import array_digest, is_traced, to_numpy
+from .arrays import array_digest, identity_only, to_numpy
 from .region import Region
 
 SMALL_ARRAY = 8  # arrays with at most this many elements are printed in full
@@ -171,7 +171,7 @@ def format_scalar(val: Any) -> str:
 
 
 def format_array(x: Any) -> str:
-    if is_traced(x):  # a value of an enclosing trace: its type only
+    if identity_only(x):  # a value of an enclosing trace: its type only
         return f"traced<{dtype_short_name(x.dtype)}[{','.join(map(str, x.shape))}]>"
     a = to_numpy(x)
     dtype = getattr(x, "dtype", a.dtype)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import param_types
-from .arrays import is_traced, to_numpy
+from .arrays import identity_only, to_numpy
 from .region import Region
 from .value import Value, is_literal
 
@@ -75,7 +75,7 @@ class KeyMaker:
 
     def array(self, x: Any) -> tuple:
         key = self._arrays.get(id(x))
-        if key is None and is_traced(x):  # a value of an enclosing trace: identity
+        if key is None and identity_only(x):  # a value of an enclosing trace: identity
             key = self._arrays[id(x)] = ("traced", param_types.identity_key(x))
             self._keep.append(x)
         if key is None:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..ir.arrays import is_traced, nbytes, to_numpy
+from ..ir.arrays import identity_only, is_mutable_ref, nbytes, to_numpy
 from ..ir.region import Region
 from ..ir.value import Value, is_literal
 from ..jax_adapter import UNSPECIFIED_SHARDING, is_input_effect
@@ -160,7 +160,8 @@ class _Hoister:
         return found
 
     def _big_enough(self, value) -> bool:
-        return nbytes(value) >= self.options.min_bytes
+        # A mutable Ref stays where the program reads and writes it.
+        return not is_mutable_ref(value) and nbytes(value) >= self.options.min_bytes
 
     def _constants(self, region: Region, supply: Supply) -> None:
         if region.consts is None or not region.constvars:
@@ -207,7 +208,7 @@ def _literal_value(lit) -> np.ndarray:
 
 
 def _same_bytes(a, b) -> bool:
-    if is_traced(a) or is_traced(b):  # values of an enclosing trace: only identity
+    if identity_only(a) or identity_only(b):  # values of an enclosing trace: only identity
         return False
     x, y = to_numpy(a), to_numpy(b)
     if x.shape != y.shape or x.dtype != y.dtype:
