@@ -158,3 +158,63 @@ def test_a_deeply_converged_loop_uses_the_implicit_derivative():
     stopped_early = rewritten(slow_component_at_its_fixed_point, jnp.float32(1.0),
                               pipeline="implicit-diff{fallback-max-size=0}")
     assert np.isnan(float(jax.grad(stopped_early)(jnp.float32(1.0))))
+
+
+def start_moved_by_the_parameter(theta):
+    def cond(c):
+        x, xp = c
+        return jnp.max(jnp.abs(x - xp)) > 1e-9
+
+    def body(c):
+        x, _ = c
+        return 0.5 * x + 0.5 * theta, x
+
+    x0 = 1e9 * (theta - 1.0)
+    return lax.while_loop(cond, body, (x0, x0 + 1.0))[0]
+
+
+@pytest.mark.parametrize("adjoint", ["dense", "gmres", "bicgstab", "fixed-point"])
+def test_a_start_the_parameter_moves_keeps_its_term_with_every_adjoint(adjoint):
+    # x0 = 1e9 (theta - 1): the start's part J^K t0 is 93% of the derivative.  The
+    # dense adjoint adds it; the iterative ones (and vmapped loops) cannot bound
+    # it, so they keep the loop's own derivative.
+    with jax.enable_x64(True):
+        theta = jnp.float64(1.0)
+        new = rewritten(start_moved_by_the_parameter, theta,
+                        pipeline=f"implicit-diff{{adjoint={adjoint}}}")
+        want = jax.jvp(start_moved_by_the_parameter, (theta,), (1.0,))[1]
+        np.testing.assert_allclose(float(jax.jvp(new, (theta,), (1.0,))[1]), float(want),
+                                   rtol=1e-8)
+        np.testing.assert_allclose(float(jax.grad(new)(theta)), float(want), rtol=1e-8)
+
+
+def test_a_vmapped_loop_with_a_moving_start_keeps_its_derivative():
+    with jax.enable_x64(True):
+        fun = jax.vmap(start_moved_by_the_parameter)
+        theta, t = jnp.array([1.0, 1.0 + 1e-12]), jnp.ones(2)
+        new = rewritten(fun, theta)
+        np.testing.assert_allclose(np.asarray(jax.jvp(new, (theta,), (t,))[1]),
+                                   np.asarray(jax.jvp(fun, (theta,), (t,))[1]), rtol=1e-8)
+
+
+def test_the_rate_estimate_sees_a_slow_mode_a_structured_vector_misses():
+    # The fast mode's eigenvector is sin(1.7 i + 0.3), the old power-iteration start.
+    v = np.sin(1.7 * np.arange(2, dtype=np.float32) + np.float32(0.3))
+    vh = jnp.asarray(v / np.linalg.norm(v), jnp.float32)
+    uh = jnp.asarray([-vh[1], vh[0]], jnp.float32)
+
+    def f(theta):
+        def cond(c):
+            x, xp = c
+            return jnp.max(jnp.abs(x - xp)) > 1e-6
+
+        def body(c):
+            x, _ = c
+            p, q = vh @ x, uh @ x
+            q2 = 0.999 * q + 0.001 * theta + 0.1 * (q - theta) ** 2
+            return (0.01 * p + theta) * vh + q2 * uh, x
+
+        x0 = jnp.zeros(2)
+        return uh @ lax.while_loop(cond, body, (x0, x0 + 1.0))[0]
+
+    assert_loop_derivative(f, jnp.float32(1.0), jnp.float32(1.0), rtol=1e-4)

@@ -128,7 +128,9 @@ class ImplicitDiff(Pass):
                 ctx.count("loops-skipped")
                 ctx.count(f"loop {position} ({where}) skipped: {match}")
                 continue
-            _replace(region, eqn, match, self, where)
+            _replace(region, eqn, match, self, where,
+                     start_may_move=any(_may_move(region, eqn.inputs[match.carry_operand(i)])
+                                        for i in match.state))
             ctx.count("loops-rewritten")
             changed = True
         if changed:
@@ -235,9 +237,28 @@ def _inexact(aval) -> bool:
 
 
 # ------------------------------------------------------------------ rewriting
+def _may_move(region: Region, atom) -> bool:
+    """Whether ``atom`` may depend on ``region``'s inputs (literals and constants
+    cannot), so that a derivative can reach it."""
+    seen: set[int] = set()
+    todo = [atom]
+    inputs = {id(v) for v in region.invars}
+    while todo:
+        a = todo.pop()
+        if not isinstance(a, Value) or id(a) in seen:
+            continue
+        seen.add(id(a))
+        if id(a) in inputs:
+            return True
+        producer = a.producer
+        if isinstance(producer, Equation):
+            todo.extend(producer.inputs)
+    return False
+
+
 def _replace(region: Region, eqn: Equation, loop: FixedPointLoop, options: ImplicitDiff,
-             where: str) -> None:
-    params = _custom_jvp_params(eqn, loop, options, where)
+             where: str, start_may_move: bool) -> None:
+    params = _custom_jvp_params(eqn, loop, options, where, start_may_move)
     outputs = [Value(v.aval, name=v.name) for v in eqn.outputs]
     count = Value(params["call_jaxpr"].outvars[-1].aval)   # the iteration count (unused)
     new = Equation(jx.custom_jvp_call_p, list(eqn.inputs), [*outputs, count], params,
@@ -294,7 +315,7 @@ def _counting_loop(loop: FixedPointLoop, op_avals, name: str):
 
 
 def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDiff,
-                       where: str) -> dict:
+                       where: str, start_may_move: bool) -> dict:
     """First-order ``custom_jvp_call`` params: the primal is the loop (counting its
     iterations); the jvp rule computes the fixed point with the rule one level down
     (the innermost level runs the loop) and its tangent by the implicit function
@@ -308,7 +329,7 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
     loop_fn = functools.partial(jx.eval_jaxpr, region_to_closed_jaxpr(_loop_region(eqn)).jaxpr,
                                 ())
     tangent = _tangent_map(loop, _Solver(options, state_size), op_avals,
-                           [v.aval for v in eqn.outputs], loop_fn, options)
+                           [v.aval for v in eqn.outputs], loop_fn, options, start_may_move)
     t_avals = [jx.to_cotangent_aval(a) for a in op_avals if _inexact(a)]
     primal = functools.partial(jx.eval_jaxpr, call.jaxpr, ())
     rule = None
@@ -348,7 +369,7 @@ def _state_update(loop: FixedPointLoop, theta):
 
 
 def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, loop_fn,
-                 options: "ImplicitDiff"):
+                 options: "ImplicitDiff", start_may_move: bool):
     """``tangent(operands, results, count, operand tangents) -> result tangents``
     (inexact ones).
 
@@ -385,6 +406,11 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
     # elements: its start term is left to the certificate's bound.)
     start_term = (solver.method == "dense" and any(op_inexact[j] for j in state_init)
                   and loop.cond_jaxpr.outvars[0].aval.shape == ())
+    # A start the program's inputs may move, whose term J^K t_0 is not formed (an
+    # iterative adjoint, a vmapped loop): the certificate cannot bound that term
+    # (t_0 may be any size), so the derivative is the loop's own.
+    if start_may_move and not start_term:
+        certified = _never(certified)
 
     def implicit(ops, outs, count, t_ops):
         it = iter(t_ops)
@@ -444,6 +470,12 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
                         t_ops)
 
     return tangent
+
+
+def _never(certified):
+    def never(ops, outs, count):
+        return jnp.bool_(False) & certified(ops, outs, count)
+    return never
 
 
 def _add_start_term(f_x, x_star, count, t_x, t_0):
