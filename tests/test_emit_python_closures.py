@@ -95,11 +95,13 @@ def fresh_report(tmp_path_factory):
     return manifest, report
 
 
+@pytest.mark.heavy
 def test_emitted_modules_do_not_import_jaxpr_cc(fresh_report):
     _, report = fresh_report
     assert report["leaked"] == []
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("key", [f"{p.name}_{label}" for p in PROGRAMS for label in PIPELINES])
 def test_emitted_closure_program_matches_jax_and_finite_differences(key, fresh_report):
     _, report = fresh_report
@@ -118,6 +120,7 @@ def test_emitted_closure_program_matches_jax_and_finite_differences(key, fresh_r
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_hoisted_parameters_are_module_constants(fresh_report):
     """After hoist-consts, the emitted function reads its parameters from module-level
     constants and every custom function gets them as explicit arguments."""

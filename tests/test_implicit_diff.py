@@ -287,6 +287,7 @@ def test_forward_mode_with_vjp_to_jvp():
     np.testing.assert_allclose(np.diag(np.asarray(h)), -0.25 * np.asarray(a) ** -1.5, rtol=1e-4)
 
 
+@pytest.mark.heavy
 def test_corpus_power_iteration_eigenvalue_gradient():
     prog = next(p for p in load_corpus(skip_unavailable=True) if p.name == "13_while_power_iteration")
     fun = functools.partial(prog.fun, **prog.kwargs)
@@ -300,6 +301,7 @@ def test_corpus_power_iteration_eigenvalue_gradient():
     np.testing.assert_allclose(np.asarray(g), np.outer(v, v), atol=5e-3)
 
 
+@pytest.mark.heavy
 def test_corpus_while_programs_keep_values_and_gradients():
     for prog in load_corpus(skip_unavailable=True):
         if "while_loop" not in prog.tags and "fori_loop" not in prog.tags:

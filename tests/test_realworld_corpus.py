@@ -110,6 +110,7 @@ def _round_trip(out_dir, names):
         assert checked[name] == {"name": name, "load": "ok", "emit": "ok"}, checked[name]
 
 
+@pytest.mark.heavy
 def test_a_sample_saves_loads_and_emits_in_fresh_processes(tmp_path):
     _round_trip(tmp_path, ROUND_TRIP_SAMPLE)
 
