@@ -55,6 +55,12 @@ class CustomRulesMixin:
         em = self.emitter
         return [em.env.get(a) if not is_literal(a) else None for a in self.eqn.inputs[first:]]
 
+    @staticmethod
+    def _unpack(names: list[str], group: str, prologue: list[str]) -> None:
+        """``a, _, b = group`` when any of ``names`` is read (``_`` for the unread)."""
+        if any(n != "_" for n in names):
+            prologue.append(f"{tuple_src(names)} = {group}")
+
     def _define(self, region: Region, name: str, params: list[str], prologue: list[str],
                 returns, decorator: str | None = None) -> None:
         """A module-level function for ``region`` (rule regions are closed)."""
@@ -162,8 +168,7 @@ class CustomRulesMixin:
                 g = ct_names[0]
             else:
                 g = em.namer.fresh("cts")
-                if any(n != "_" for n in ct_names):
-                    prologue.append(f"{tuple_src(ct_names)} = {g}")
+                self._unpack(ct_names, g, prologue)
             if symbolic:
                 self._dense(ct_names, prologue)
             self._define(bwd, bwd_name, [res, g], prologue, bwd_returns)
@@ -232,8 +237,7 @@ class CustomRulesMixin:
             t_names = [em.name_binders([next(tangent_vars)], ["tangent"])[0] if inexact(a)
                        else "_" for a in arg_avals]
             tangents = em.namer.fresh("tangents")
-            if any(n != "_" for n in t_names):
-                prologue.append(f"{tuple_src(t_names)} = {tangents}")
+            self._unpack(t_names, tangents, prologue)
             if symbolic:
                 self._dense(t_names, prologue)
             self._define(jvp, fn_name, [primals, tangents], prologue, returns)
