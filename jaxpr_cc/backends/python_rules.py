@@ -475,6 +475,10 @@ def _while(ctx, eqn):
                                  result="single")
     body_fn = ctx.carry_function(p["body_jaxpr"], "body_fun", body_consts, [len(init)],
                                  result=[len(init)])
+    if p["cond_jaxpr"].outvars[0].aval.shape:
+        # vmap stages a batched exit test, which lax.while_loop does not accept.
+        ctx.emitter.use_helper("_batched_while_loop")
+        return Call("_batched_while_loop", [cond_fn, body_fn, ctx.seq(init)], multiple=True)
     return Call("lax.while_loop", [cond_fn, body_fn, ctx.seq(init)], multiple=True)
 
 

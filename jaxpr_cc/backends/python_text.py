@@ -420,8 +420,25 @@ def _copy_semantics(name):
     return closed.eqns[0].params["copy_semantics"][0]
 '''
 
+HELPERS["_batched_while_loop"] = '''
+def _batched_while_loop(cond_fun, body_fun, init):
+    """A while loop whose condition is a batch of booleans (what ``jax.vmap`` stages for
+    a loop whose exit test depends on the mapped value): it runs while any element is
+    active, and each carry keeps its old value where its element has stopped. The
+    condition's shape is a prefix of every carry's shape."""
+    def step(carry):
+        active = cond_fun(carry)
+        new = body_fun(carry)
+        return tuple(
+            lax.select(lax.broadcast_in_dim(active, jnp.shape(n), tuple(range(active.ndim))),
+                       n, old)
+            for n, old in zip(new, carry))
+
+    return lax.while_loop(lambda carry: jnp.any(cond_fun(carry)), step, tuple(init))
+'''
+
 HELPER_IMPORTS.update({"_jvp_by_pattern": (), "_vjp_by_pattern": (),
-                       "_prng_impl": (), "_copy_semantics": (), "_closed_over": (), "_custom_vjp_with_consts": (),
+                       "_prng_impl": (), "_copy_semantics": (), "_batched_while_loop": (), "_closed_over": (), "_custom_vjp_with_consts": (),
                        "_custom_jvp_with_consts": ()})
 HELPERS["_treedef"] = '''
 def _treedef(node):
