@@ -1188,3 +1188,11 @@ def check_custom_vjp_nondiff_args(args, nondiff_argnums) -> None:
     does before anything else."""
     for i in nondiff_argnums:
         _cd._check_for_tracers(args[i])
+
+
+# --- symbolic zeros for staged rules (closure/staged_rules: a staged symbolic-zeros
+# custom_vjp's bwd traced with the cotangents JAX would pass as symbolic zeros) ---
+def symbolic_zero(aval):
+    """The ``SymbolicZero`` JAX hands a symbolic-zeros rule for a zero of ``aval``."""
+    from jax.custom_derivatives import SymbolicZero
+    return SymbolicZero(aval)
