@@ -169,3 +169,57 @@ def test_dropped_output_cotangent_is_symbolic_zero(vmapped):
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(got[1][0]), 99.0)
+
+
+# ------------------------------------------- two calls of one custom_vjp stay two calls
+def _clip_gradient():
+    @jax.custom_vjp
+    def clip_gradient(x):
+        return x
+
+    clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1.0, 1.0),))
+    return clip_gradient
+
+
+def clipped_twice(x):
+    clip = _clip_gradient()
+    return jnp.sum(clip(x) * 0.8 + clip(x) * 0.9)
+
+
+def _three_outputs():
+    """bwd multiplies its first cotangent by 1 + the index of the first output whose
+    cotangent is a SymbolicZero: each call must see its own cotangent pattern."""
+    @jax.custom_vjp
+    def h(a, b):
+        return a * b, a + b, a - b
+
+    def bwd(res, g):
+        a, b = res
+        zero = [type(t) is SymbolicZero for t in g]
+        k = 1.0 + zero.index(True) if True in zero else 1.0
+        g = [jnp.zeros_like(a) if type(t) is SymbolicZero else t for t in g]
+        return k * (g[0] * b + g[1] + g[2]), g[0] * a + g[1] - g[2]
+
+    h.defvjp(lambda a, b: (h(a.value, b.value), (a.value, b.value)), bwd, symbolic_zeros=True)
+    return h
+
+
+def two_calls_first_and_last(x, p):
+    h = _three_outputs()
+    return h(x, p)[0] * 2.0 + h(x, p)[2]
+
+
+# cse merged the two calls: the bwd then ran once, on the summed cotangents (gradient
+# clipping clipped the sum; the rule saw the union of the two cotangent patterns).
+@pytest.mark.parametrize("fun,args", [(clipped_twice, (jnp.array([1.0, 2.0]),)),
+                                      (two_calls_first_and_last, (X, P))],
+                         ids=["clip", "cotangent-patterns"])
+def test_calls_of_one_custom_vjp_are_not_merged(fun, args):
+    grad = jax.grad(lambda *a: jnp.sum(fun(*a)))
+    want = grad(*args)
+    program = jaxpr_cc.trace(fun, *args)
+    pipelined = jaxpr_cc.run_passes(program, jaxpr_cc.DEFAULT_PIPELINE)
+    assert sum(e.prim.name == "custom_vjp_call" for e in pipelined.body.equations) == 2
+    for name, candidate in {"pipeline": pipelined, "jit": jaxpr_cc.jit(fun)}.items():
+        got = jax.grad(lambda *a: jnp.sum(candidate(*a)))(*args)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, err_msg=name)

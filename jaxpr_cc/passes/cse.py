@@ -10,7 +10,8 @@ processed innermost first (so identical loops and branches compare equal after
 their own bodies were simplified); values never cross regions.
 
 Effectful, random-bit-generating and callback equations -- or equations whose
-regions contain one -- are never merged (``passes.effects``).
+regions contain one -- are never merged (``passes.effects``), nor are custom_vjp
+calls (each call's bwd runs on its own cotangents).
 """
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ from .base import Pass, PassContext, register_pass
 from .effects import CALLBACK_PRIMITIVES, RANDOM_PRIMITIVES, EffectOracle
 from .signature import merge_into
 from ..ir.structural_key import KeyMaker
+
+
+# Two calls of one custom_vjp are not one call: JAX runs the user's bwd once per
+# call, on that call's cotangents (SymbolicZero where that call's output is unused),
+# and a bwd need not be linear in them (gradient clipping: clip(g1) + clip(g2) is
+# not clip(g1 + g2)).  Merged, the bwd would run once on the summed cotangents.
+_NEVER_MERGED = frozenset({"custom_vjp_call"})
 
 
 @register_pass("cse")
@@ -68,7 +76,7 @@ class _CSE:
             if pkey is None:  # nested regions: simplify them first, then key them
                 for _, _, sub in eqn.regions():
                     merged += self.region(sub)
-                if not self.oracle.is_mergeable(eqn):
+                if not self.oracle.is_mergeable(eqn) or prim.name in _NEVER_MERGED:
                     continue
                 pkey = keys.params(params)
             else:
