@@ -53,6 +53,22 @@ class _CSE:
         # shared by several equations is processed once.
         self.done: set[int] = set()
         self._alive: list[Region] = []
+        self._vjp_inside: dict[int, bool] = {}  # region id -> calls a custom_vjp
+
+    def _calls_custom_vjp(self, eqn) -> bool:
+        """Is ``eqn`` a custom_vjp call, or does any region it holds call one (two
+        identical jitted helpers that call a custom_vjp are two calls of it too)?"""
+        if eqn.prim.name in _NEVER_MERGED:
+            return True
+        for _, _, sub in eqn.regions():
+            known = self._vjp_inside.get(id(sub))
+            if known is None:
+                self._vjp_inside[id(sub)] = False  # a recursive rule: no cycle here
+                known = self._vjp_inside[id(sub)] = any(
+                    self._calls_custom_vjp(inner) for inner in sub.equations)
+            if known:
+                return True
+        return False
 
     def region(self, region: Region) -> int:
         if id(region) in self.done:
@@ -76,7 +92,7 @@ class _CSE:
             if pkey is None:  # nested regions: simplify them first, then key them
                 for _, _, sub in eqn.regions():
                     merged += self.region(sub)
-                if not self.oracle.is_mergeable(eqn) or prim.name in _NEVER_MERGED:
+                if not self.oracle.is_mergeable(eqn) or self._calls_custom_vjp(eqn):
                     continue
                 pkey = keys.params(params)
             else:
