@@ -537,6 +537,15 @@ class _BatchedTransposeThunk:
             self._built = (batched, t_consts)
         return self._built
 
+    def for_cotangents(self, pattern):
+        """The batched thunk of the transpose picked for these nonzero cotangents
+        (see ``_linear_call_transpose``), or this one."""
+        pick = getattr(self._thunk, "for_cotangents", None)
+        chosen = pick(pattern) if pick is not None else self._thunk
+        if chosen is self._thunk:
+            return self
+        return _BatchedTransposeThunk(chosen, self._axis_data, self._res_batched, self._n_out)
+
 
 def _linear_call_batcher(axis_data, args, dims, *, callee, transpose_thunk, num_callee_consts,
                          num_res):
@@ -655,6 +664,12 @@ def _linear_call_transpose(cts, *args, callee, transpose_thunk, num_callee_const
     params = dict(callee=callee, transpose_thunk=transpose_thunk,
                   num_callee_consts=num_callee_consts, num_res=num_res)
     n_lead = num_callee_consts + num_res
+    pick = getattr(transpose_thunk, "for_cotangents", None)
+    if pick is not None:
+        # A symbolic-zeros custom_vjp's bwd traced per pattern of output cotangents
+        # (vjp-to-jvp): the one for the outputs whose cotangent is a symbolic zero here.
+        transpose_thunk = pick(tuple(type(ct) is not _lc_ad.Zero for ct in cts))
+        params["transpose_thunk"] = transpose_thunk
     lin = args[n_lead:]
     known = [not _lc_ad.is_undefined_primal(x) for x in lin]
     if _refuses_forward_mode(callee):
@@ -1173,3 +1188,11 @@ def check_custom_vjp_nondiff_args(args, nondiff_argnums) -> None:
     does before anything else."""
     for i in nondiff_argnums:
         _cd._check_for_tracers(args[i])
+
+
+# --- symbolic zeros for staged rules (closure/staged_rules: a staged symbolic-zeros
+# custom_vjp's bwd traced with the cotangents JAX would pass as symbolic zeros) ---
+def symbolic_zero(aval):
+    """The ``SymbolicZero`` JAX hands a symbolic-zeros rule for a zero of ``aval``."""
+    from jax.custom_derivatives import SymbolicZero
+    return SymbolicZero(aval)

@@ -19,6 +19,7 @@ from jax.custom_derivatives import SymbolicZero
 
 import jaxpr_cc
 from jaxpr_cc.io import dumps, loads
+from jaxpr_cc.passes.vjp_to_jvp import with_forward_mode
 
 X = jnp.array([0.3, 1.0], jnp.float32)
 P = jnp.array([2.0, -1.0], jnp.float32)
@@ -192,11 +193,35 @@ def test_custom_vjp_rule_sees_jax_perturbation_pattern(fun, wrt_p, tmp_path):
                                        atol=1e-6, err_msg=f"{name}: {key}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a Program (or jaxpr_cc.jit) differentiated as called runs vjp-to-jvp first, which "
-    "rebuilds the rule from fwd_jaxpr/bwd_jaxpr and drops fwd_variants/bwd_variants: "
-    "passes/vjp_to_jvp.py must carry them into the custom_jvp it builds"))
-def test_custom_vjp_pattern_through_program_autodiff():
-    program = jaxpr_cc.trace(vjp_first, X, P)
-    np.testing.assert_allclose(np.asarray(jax.grad(program)(X, P)),
-                               np.asarray(jax.grad(vjp_first)(X, P)), rtol=1e-5)
+# A Program differentiated as called, and jaxpr_cc.jit, run vjp-to-jvp first (forward
+# mode through every custom_vjp): the custom_jvp it builds picks the fwd variant for
+# the perturbed inputs, and its tangent's transpose the bwd variant for the output
+# cotangents that are symbolic zeros.
+@pytest.mark.parametrize("fun,wrt_p", [(vjp_first, True), (vjp_second, True), (vjp_both, True),
+                                       (vjp_closing_over, False)],
+                         ids=["first", "second", "both", "closing_over"])
+def test_custom_vjp_pattern_through_forward_mode_rewrite(fun, wrt_p):
+    reference = _vjp_derivatives(fun, wrt_p)
+    program = jaxpr_cc.trace(fun, X, P)
+    rewritten = with_forward_mode(program)
+    assert not any(e.prim.name == "custom_vjp_call" for e in rewritten.body.equations)
+    candidates = {"program": program, "jit": jaxpr_cc.jit(fun),
+                  "rewritten": _as_custom_vjp(rewritten),
+                  "rewritten save-load": _as_custom_vjp(loads(dumps(rewritten))),
+                  "pipeline": jaxpr_cc.run_passes(program, jaxpr_cc.DEFAULT_PIPELINE)}
+    for name, candidate in candidates.items():
+        got = _vjp_derivatives(candidate, wrt_p)
+        for key, want in reference.items():
+            np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want), rtol=1e-5,
+                                       atol=1e-6, err_msg=f"{name}: {key}")
+
+
+def test_rewritten_tangent_stores_cotangent_variants():
+    rewritten = with_forward_mode(jaxpr_cc.trace(vjp_first, X, P))
+    jvps = [e for _, e in rewritten.body.walk() if e.prim.name == "custom_jvp_call"]
+    assert jvps and all(set(e.params["jvp_variant_patterns"]) == {(True, False), (False, True)}
+                        for e in jvps)
+    linear = [e for _, e in rewritten.body.walk() if e.prim.name == "linear_call"]
+    # Two outputs: a cotangent for the first only, or for the second only.
+    assert linear and all(set(e.params["transpose_variant_patterns"]) ==
+                          {(True, False), (False, True)} for e in linear)

@@ -21,7 +21,9 @@ First-order params (every Region constant-free):
   a symbolic-zeros rule traced per perturbation pattern also has jvp_variants (Regions
   with jvp_jaxpr's layout) and jvp_variant_patterns (one tuple of bools per variant:
   which inexact arguments are perturbed)
-* linear_call: callee, transpose_jaxpr, num_callee_consts (always 0), num_res
+* linear_call: callee, transpose_jaxpr, num_callee_consts (always 0), num_res; the
+  tangent of a symbolic-zeros custom_vjp (vjp-to-jvp) also has transpose_variants /
+  transpose_variant_patterns (its bwd traced per pattern of nonzero output cotangents)
 
 A rule that calls its own custom function holds a Region that (through its fwd, bwd,
 jvp or transpose) contains that very equation again: recursion is a cycle.  So only the
@@ -95,6 +97,9 @@ def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
 def _import_linear(jparams: dict, rule: LinearRule, to_region: Callable) -> dict:
     p = {"callee": to_region(rule.callee), "transpose_jaxpr": to_region(body(rule.transpose))}
     p.update(num_callee_consts=0, num_res=rule.num_res)
+    if rule.transpose_variants:  # a symbolic-zeros bwd per cotangent pattern (vjp-to-jvp)
+        p["transpose_variant_patterns"] = tuple(_bools(ct) for ct, _ in rule.transpose_variants)
+        p["transpose_variants"] = tuple(to_region(body(t)) for _, t in rule.transpose_variants)
     return p
 
 
@@ -150,8 +155,13 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
                        jvp=lazy("jvp_jaxpr"), num_consts=params["num_consts"],
                        symbolic_zeros=params["symbolic_zeros"], variants=variants)
     info = RuleInfo(name="linear_call", source="<linear_call>", const_names=())
+    transpose_variants = tuple(
+        (tuple(ct), lazy_region(region))
+        for ct, region in zip(params.get("transpose_variant_patterns", ()),
+                              params.get("transpose_variants", ())))
     return LinearRule(info=info, callee=from_region(params["callee"]),
-                      transpose=lazy("transpose_jaxpr"), num_res=params["num_res"])
+                      transpose=lazy("transpose_jaxpr"), num_res=params["num_res"],
+                      transpose_variants=transpose_variants)
 
 
 def export_params(name: str, params: dict, in_avals, from_region: Callable) -> tuple[Any, dict]:

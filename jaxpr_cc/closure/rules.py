@@ -157,6 +157,12 @@ class LinearRule:
     callee: Any                 # ClosedJaxpr (r, x) -> y
     transpose: Any              # ClosedJaxpr (r, ct_y) -> ct_x, or a LazyJaxpr of one
     num_res: int
+    # The transpose of a custom_vjp's symbolic-zeros bwd traced per pattern of output
+    # cotangents (vjp-to-jvp): ((ct_pattern, transpose), ...), ct_pattern telling which
+    # of the callee's outputs have a cotangent that is not a symbolic zero.  The
+    # transposition picks the one for the cotangents it is given; patterns not listed
+    # use ``transpose``.
+    transpose_variants: tuple = ()
 
 
 def _zeros(aval):
@@ -468,6 +474,16 @@ class _TransposeThunk:
         rule = self._jaxpr_cc_rule
         return _TransposeThunk(LinearRule(info=rule.info, callee=body(rule.transpose),
                                           transpose=rule.callee, num_res=rule.num_res))
+
+    def for_cotangents(self, pattern: tuple) -> "_TransposeThunk":
+        """The thunk whose transpose was traced for exactly these nonzero output
+        cotangents (``LinearRule.transpose_variants``), or this one."""
+        rule = self._jaxpr_cc_rule
+        chosen = dict(rule.transpose_variants).get(tuple(pattern))
+        if chosen is None:
+            return self
+        return _TransposeThunk(LinearRule(info=rule.info, callee=rule.callee, transpose=chosen,
+                                          num_res=rule.num_res))
 
 
 def bind_linear_rule(rule: LinearRule, operands):

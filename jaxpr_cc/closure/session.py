@@ -244,10 +244,6 @@ class TraceSession:
                 if fwd is None:
                     fwd = self._trace_vjp_fwd(cvjp, static, nondiff, n_args, in_tree, avals,
                                               out_tree, in_perturbed)
-                f_jaxpr, f_consts, num_res, res_layout = fwd
-                b_jaxpr, b_consts = self._trace_vjp_bwd(
-                    cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
-                    res_layout, in_perturbed, ct_pattern)
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
@@ -255,6 +251,22 @@ class TraceSession:
                     raise _JitReentry() from e
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("vjp", cvjp.fwd, e)), 0)
+            f_jaxpr, f_consts, num_res, res_layout = fwd
+            try:
+                b_jaxpr, b_consts = self._trace_vjp_bwd(
+                    cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
+                    res_layout, in_perturbed, ct_pattern)
+            except ClosureConversionError:
+                raise
+            except Exception as e:
+                if jx.is_jit_reentry_error(e):
+                    raise _JitReentry() from e
+                # Only this pattern's bwd raised (a bwd that asserts which cotangents
+                # are symbolic zeros): fwd and its residuals stay, so the bwd variants
+                # of the same fwd take the residuals this rule's fwd gives.
+                b_jaxpr, b_consts = _refusing_bwd(
+                    [v.aval for v in f_jaxpr.outvars[len(out_avals):]], avals, out_avals,
+                    _rule_error("vjp", cvjp.bwd, e))
             traced = _Traced(f_jaxpr, f_consts, b_jaxpr, b_consts, num_res)
             traced.fwd_traced = fwd
             return traced
@@ -305,9 +317,7 @@ class TraceSession:
         inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
         in_patterns = _variant_patterns(avals, perturbed)
         n_ct = sum(1 for a in out_avals if is_inexact(a))
-        ct_patterns = _variant_patterns(out_avals, [True] * len(out_avals))
-        if (1 + len(in_patterns)) * (1 + len(ct_patterns)) > _MAX_VJP_VARIANTS:
-            ct_patterns = []
+        ct_patterns = _cotangent_patterns(n_ct, _MAX_VJP_VARIANTS // (1 + len(in_patterns)) - 1)
         full_ct = (True,) * n_ct
         fwd_variants, bwd_variants = [], []
         families = [((), tuple(perturbed), getattr(main, "fwd_traced", None))]
@@ -678,6 +688,21 @@ def _variant_patterns(avals, perturbed) -> list[tuple[bool, ...]]:
     return out
 
 
+def _cotangent_patterns(n_ct: int, budget: int) -> list[tuple[bool, ...]]:
+    """The patterns of nonzero output cotangents a symbolic-zeros bwd is traced for
+    besides "all nonzero", at most ``budget`` of them: every nonempty proper subset
+    when they fit, else the likeliest first -- one output without a cotangent (an
+    auxiliary output the caller drops), then one output with a cotangent."""
+    if n_ct < 2 or budget <= 0:
+        return []
+    if n_ct <= _MAX_PATTERN_INPUTS and 2 ** n_ct - 2 <= budget:
+        return [tuple(bool(mask >> j & 1) for j in range(n_ct))
+                for mask in range(1, 2 ** n_ct - 1)]
+    all_but_one = [tuple(j != k for j in range(n_ct)) for k in range(n_ct)]
+    only_one = [tuple(j == k for j in range(n_ct)) for k in range(n_ct)] if n_ct > 2 else []
+    return (all_but_one + only_one)[:budget]
+
+
 def _structure(p_jaxpr, static) -> tuple:
     """What makes two calls of one custom function the same rule at other closed-over
     values: the primal's jaxpr (closed-over values as inputs) and, for each static
@@ -761,6 +786,19 @@ def _refusing_vjp(p_jaxpr, p_consts, avals, out_avals, message: str):
     b_jaxpr, b_consts, _ = jx.trace_flat(bwd, [a for a in out_avals if is_inexact(a)],
                                          "custom_vjp bwd")
     return f_jaxpr, f_consts, b_jaxpr, b_consts
+
+
+def _refusing_bwd(res_avals, avals, out_avals, message: str):
+    """A bwd ``(r, ct_y) -> ct_x`` whose cotangents raise ``message`` when evaluated."""
+    n_res = len(res_avals)
+
+    def bwd(*xs):
+        return jx.refuse_forward_mode(xs[n_res:], [a for a in avals if is_inexact(a)], message)
+
+    b_jaxpr, b_consts, _ = jx.trace_flat(bwd, [*res_avals, *(a for a in out_avals
+                                                             if is_inexact(a))],
+                                         "custom_vjp bwd")
+    return b_jaxpr, b_consts
 
 
 def _refusing_jvp(p_jaxpr, p_consts, avals, out_avals, message: str):

@@ -161,53 +161,126 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     ops = list(eqn.inputs)
     arg_avals = [a.aval for a in ops[nc:]]
     thunk, bwd_fn = p["fwd_jaxpr_thunk"], p["bwd"]
-    try:
-        fwd_jaxpr, fwd_consts = jx.call_fwd_jaxpr_thunk(thunk, [True] * len(arg_avals))
-    except (jx.UnexpectedTracerError, jax.errors.UnexpectedTracerError) as e:
-        raise _fail("vjp", bwd_fn, e) from None
-    _check_concrete("vjp", bwd_fn, fwd_consts)
-    out_tree, res_tree, input_fwds = p["out_trees"]()
     n_out = len(eqn.outputs)
     out_avals = [v.aval for v in eqn.outputs]
-    fwd_open = _with_consts(jx.Jaxpr(fwd_jaxpr.constvars, fwd_jaxpr.invars, fwd_jaxpr.outvars,
-                                     fwd_jaxpr.eqns, fwd_jaxpr.effects, fwd_jaxpr.debug_info)
-                            if not fwd_jaxpr.constvars else _consts_first(fwd_jaxpr),
-                            list(fwd_consts), list(fwd_consts))
-    n_pruned = len(fwd_jaxpr.outvars) - n_out
-    pruned_avals = [v.aval for v in fwd_jaxpr.outvars[:n_pruned]]
-    # Full residual list: forwarded inputs are residuals too.
-    res_avals, it = [], iter(pruned_avals)
-    for f in input_fwds:
-        res_avals.append(arg_avals[f] if f is not None else next(it))
     ct_avals = [jx.to_cotangent_aval(a) for a in out_avals]
-
-    def fwd_dense(*xs):
-        n_fc = len(fwd_consts)
-        outs = jx.eval_jaxpr(fwd_open, [], *xs[:n_fc], *xs[n_fc:])
-        pruned, y = outs[:n_pruned], outs[n_pruned:]
-        it2 = iter(pruned)
-        res = [xs[n_fc + f] if f is not None else next(it2) for f in input_fwds]
-        return [*y, *res]
-
-    def bwd_dense(*xs):
-        res, it3 = xs[:len(res_avals)], iter(xs[len(res_avals):])
-        cts = [next(it3) if is_inexact(a) else np.zeros(ct.shape, jax.dtypes.float0)
-               for a, ct in zip(out_avals, ct_avals)]
-        got = jx.call_wrapped(bwd_fn, *res, *cts)
-        got = [jx.instantiate_zero(g, a.to_ct_aval()) for g, a in zip(got, jx_in_avals)]
-        return [g for g, a in zip(got, jx_in_avals) if is_inexact(a)]
-
     # JAX's bwd produces cotangents for the primal's own consts too (as zeros).
     jx_in_avals = [a.aval for a in ops]
-    f_j, f_c, _ = _trace("vjp", bwd_fn, fwd_dense,
-                         [jx.typeof(c) for c in fwd_consts] + arg_avals, "custom_vjp fwd")
-    f_j = _insert_inputs(f_j, 0, [])
-    b_j, b_c, _ = _trace("vjp", bwd_fn, bwd_dense,
-                         res_avals + [a for a, o in zip(ct_avals, out_avals) if is_inexact(o)],
-                         "custom_vjp bwd")
-    _check_concrete("vjp", bwd_fn, f_c + b_c)
-    return _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region,
-                       list(fwd_consts), f_j, f_c, b_j, b_c, len(res_avals), bwd_fn)
+
+    def trace_fwd(perturbed):
+        """The staged fwd as JAX runs it with ``perturbed`` arguments: (fwd_consts,
+        f_j, f_c, res_avals).  JAX's bwd then reads the residual layout of this call."""
+        try:
+            fwd_jaxpr, fwd_consts = jx.call_fwd_jaxpr_thunk(thunk, list(perturbed))
+        except (jx.UnexpectedTracerError, jax.errors.UnexpectedTracerError) as e:
+            raise _fail("vjp", bwd_fn, e) from None
+        _check_concrete("vjp", bwd_fn, fwd_consts)
+        _, _, input_fwds = p["out_trees"]()
+        fwd_open = _with_consts(jx.Jaxpr(fwd_jaxpr.constvars, fwd_jaxpr.invars,
+                                         fwd_jaxpr.outvars, fwd_jaxpr.eqns, fwd_jaxpr.effects,
+                                         fwd_jaxpr.debug_info)
+                                if not fwd_jaxpr.constvars else _consts_first(fwd_jaxpr),
+                                list(fwd_consts), list(fwd_consts))
+        n_pruned = len(fwd_jaxpr.outvars) - n_out
+        pruned_avals = [v.aval for v in fwd_jaxpr.outvars[:n_pruned]]
+        # Full residual list: forwarded inputs are residuals too.
+        res_avals, it = [], iter(pruned_avals)
+        for f in input_fwds:
+            res_avals.append(arg_avals[f] if f is not None else next(it))
+
+        def fwd_dense(*xs):
+            n_fc = len(fwd_consts)
+            outs = jx.eval_jaxpr(fwd_open, [], *xs[:n_fc], *xs[n_fc:])
+            pruned, y = outs[:n_pruned], outs[n_pruned:]
+            it2 = iter(pruned)
+            res = [xs[n_fc + f] if f is not None else next(it2) for f in input_fwds]
+            return [*y, *res]
+
+        f_j, f_c, _ = _trace("vjp", bwd_fn, fwd_dense,
+                             [jx.typeof(c) for c in fwd_consts] + arg_avals, "custom_vjp fwd")
+        return list(fwd_consts), f_j, list(f_c), res_avals
+
+    def trace_bwd(res_avals, ct_pattern=None):
+        """JAX's bwd on dense cotangents, or (``ct_pattern``, over the inexact
+        outputs) with SymbolicZero for the outputs it marks False."""
+        def bwd_dense(*xs):
+            res, it3 = xs[:len(res_avals)], iter(xs[len(res_avals):])
+            nonzero = iter(ct_pattern) if ct_pattern is not None else None
+            cts = []
+            for a, ct in zip(out_avals, ct_avals):
+                if not is_inexact(a):
+                    cts.append(np.zeros(ct.shape, jax.dtypes.float0))
+                    continue
+                value = next(it3)
+                cts.append(value if nonzero is None or next(nonzero)
+                           else jx.symbolic_zero(ct))
+            got = jx.call_wrapped(bwd_fn, *res, *cts)
+            got = [jx.instantiate_zero(g, a.to_ct_aval()) for g, a in zip(got, jx_in_avals)]
+            return [g for g, a in zip(got, jx_in_avals) if is_inexact(a)]
+
+        b_j, b_c, _ = _trace("vjp", bwd_fn, bwd_dense,
+                             res_avals + [a for a, o in zip(ct_avals, out_avals) if is_inexact(o)],
+                             "custom_vjp bwd")
+        _check_concrete("vjp", bwd_fn, b_c)
+        return b_j, list(b_c)
+
+    # JAX perturbs only the inexact arguments it differentiates (integers never).
+    all_perturbed = [is_inexact(a) for a in arg_avals]
+    fwd_consts, f_j, f_c, res_avals = trace_fwd(all_perturbed)
+    b_j, b_c = trace_bwd(res_avals)
+    main = (fwd_consts, f_j, f_c, len(res_avals), b_j, b_c)
+    fwd_variants, bwd_variants = [], []
+    if p.get("symbolic_zeros", False):
+        fwd_variants, bwd_variants = _staged_vjp_variants(
+            arg_avals, out_avals, res_avals, trace_fwd, trace_bwd)
+    return _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, main,
+                       bwd_fn, fwd_variants, bwd_variants)
+
+
+def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
+    """A staged symbolic-zeros custom_vjp (one JAX's batching rule re-bound) traced
+    per perturbation pattern, as ``jaxpr_cc.trace`` does the user's own calls
+    (docs/closure.md): fwd per pattern of perturbed inexact arguments, bwd per
+    (that pattern, pattern of nonzero output cotangents).  A pattern the rules raise
+    for is left out (the main rule runs for it).  Returns ``([(pattern, fwd_consts,
+    f_j, f_c, num_res)], [(family, ct_pattern, b_j, b_c)])``."""
+    from ..closure.session import _MAX_VJP_VARIANTS, _cotangent_patterns
+    inexact = [i for i, a in enumerate(arg_avals) if is_inexact(a)]
+    in_patterns = _variant_patterns(arg_avals, [is_inexact(a) for a in arg_avals])
+    n_ct = sum(1 for a in out_avals if is_inexact(a))
+    ct_patterns = _cotangent_patterns(n_ct, _MAX_VJP_VARIANTS // (1 + len(in_patterns)) - 1)
+    full_ct = (True,) * n_ct
+    fwd_variants, bwd_variants = [], []
+
+    def ct_variants(family, v_res):
+        for ct_pattern in ct_patterns:
+            try:
+                b_j, b_c = trace_bwd(v_res, ct_pattern)
+            except ClosureConversionError:
+                raise
+            except Exception:  # noqa: BLE001 -- a pattern the rule refuses
+                continue
+            bwd_variants.append((family, ct_pattern, b_j, b_c))
+
+    # JAX's bwd reads the residual layout of the last fwd JAX traced, and its fwd
+    # thunk traces each pattern once (memoized): so each pattern's bwds are traced
+    # right after its fwd, the main pattern's (traced last) first.
+    ct_variants((), res_avals)
+    for pattern in in_patterns:
+        flags = [False] * len(arg_avals)
+        for i, q in zip(inexact, pattern):
+            flags[i] = q
+        try:
+            fwd_consts, f_j, f_c, v_res = trace_fwd(flags)
+            b_j, b_c = trace_bwd(v_res)
+        except ClosureConversionError:
+            raise
+        except Exception:  # noqa: BLE001 -- a pattern the rule refuses: the main rule
+            continue
+        fwd_variants.append((pattern, fwd_consts, f_j, f_c, len(v_res)))
+        bwd_variants.append((pattern, full_ct, b_j, b_c))
+        ct_variants(pattern, v_res)
+    return fwd_variants, bwd_variants
 
 
 def _consts_first(jaxpr):
@@ -217,41 +290,67 @@ def _consts_first(jaxpr):
                                                      len(jaxpr.outvars)))
 
 
-def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, fwd_consts,
-                f_j, f_c, b_j, b_c, num_res, bwd_fn):
-    """Assemble the first-order equation: operands (jax consts, new consts, args)."""
+def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, main, bwd_fn,
+                fwd_variants=(), bwd_variants=()):
+    """Assemble the first-order equation: operands (jax consts, new consts, args).
+    ``main``: (fwd_consts, f_j, f_c, num_res, b_j, b_c); the variants as
+    ``_staged_vjp_variants`` returns them."""
+    fwd_consts, f_j, f_c, num_res, b_j, b_c = main
     ops = list(eqn.inputs)
     jax_consts, args = ops[:nc], ops[nc:]
     # fwd_dense takes (fwd_consts, args) plus its own trace consts f_c; bwd takes (res, ct) + b_c.
-    extra = _dedupe(list(fwd_consts) + list(f_c) + list(b_c))
+    extra = _dedupe(list(fwd_consts) + list(f_c) + list(b_c)
+                    + [c for _, v_fc, _, v_c, _ in fwd_variants for c in (*v_fc, *v_c)]
+                    + [c for _, _, _, v_c in bwd_variants for c in v_c])
     new_vals = _new_consts(region, eqn, extra)
     n_new = len(extra)
     # call: (jax_consts, args) -> y      ==> (jax_consts, extra, args) -> y
     call = _with_inputs(call_region, nc, [jx.typeof(v) for v in extra])
-    # fwd: (fwd_consts, f_c, args) -> (y, r)    ==> (jax_consts, extra, args)
-    fwd_j = _rebase(f_j, list(fwd_consts) + list(f_c), jax_consts, extra, lead=len(fwd_consts) + len(f_c))
-    bwd_j = _rebase(b_j, list(b_c), jax_consts, extra, lead=len(b_c))
     # JAX's bwd returned cotangents for the primal's own consts first: drop those outputs.
     n_inexact_consts = sum(1 for a in jax_consts if is_inexact(a.aval))
-    bwd_j = jx.Jaxpr(bwd_j.constvars, bwd_j.invars, bwd_j.outvars[n_inexact_consts:], bwd_j.eqns,
-                     bwd_j.effects, jx.fit_debug_info(bwd_j.debug_info, len(bwd_j.invars),
-                                                      len(bwd_j.outvars) - n_inexact_consts))
+
+    def fwd_of(f_j, fwd_consts, f_c):
+        # fwd: (f_c, fwd_consts, args) -> (y, r)    ==> (jax_consts, extra, args)
+        return _rebase(f_j, list(f_c) + list(fwd_consts), jax_consts, extra,
+                       lead=len(fwd_consts) + len(f_c))
+
+    def bwd_of(b_j, b_c):
+        bwd_j = _rebase(b_j, list(b_c), jax_consts, extra, lead=len(b_c))
+        return jx.Jaxpr(bwd_j.constvars, bwd_j.invars, bwd_j.outvars[n_inexact_consts:],
+                        bwd_j.eqns, bwd_j.effects,
+                        jx.fit_debug_info(bwd_j.debug_info, len(bwd_j.invars),
+                                          len(bwd_j.outvars) - n_inexact_consts))
+
     target = jx.wrapped_fun_target(bwd_fn)
     info = RuleInfo(name=naming.name_of(target), source=naming.source_of(target),
                     const_names=tuple(f"const{i}" for i in range(nc + n_new)),
                     closed_over=closed_over, max_forward_size=max_forward_size,
                     reverse_ok=not _reaches_while(call))
     memo: dict = {}
+
+    def region_of(jaxpr):
+        return region_from_closed_jaxpr(jx.ClosedJaxpr(jaxpr, []), None, memo)
+
     params = {
         "call_jaxpr": call,
-        "fwd_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(fwd_j, []), None, memo),
-        "bwd_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(bwd_j, []), None, memo),
+        "fwd_jaxpr": region_of(fwd_of(f_j, fwd_consts, f_c)),
+        "bwd_jaxpr": region_of(bwd_of(b_j, b_c)),
         "num_consts": nc + n_new, "num_res": num_res,
         "symbolic_zeros": bool(eqn.params.get("symbolic_zeros", False)),
         "name": info.name, "source": info.source, "const_names": info.const_names,
         "closed_over": closed_over, "max_forward_size": max_forward_size,
         "reverse_ok": info.reverse_ok,
     }
+    if fwd_variants:
+        params["fwd_variant_patterns"] = tuple((tuple(pattern), int(n))
+                                               for pattern, _, _, _, n in fwd_variants)
+        params["fwd_variants"] = tuple(region_of(fwd_of(v_j, v_fc, v_c))
+                                       for _, v_fc, v_j, v_c, _ in fwd_variants)
+    if bwd_variants:
+        params["bwd_variant_patterns"] = tuple((tuple(family), tuple(ct))
+                                               for family, ct, _, _ in bwd_variants)
+        params["bwd_variants"] = tuple(region_of(bwd_of(v_j, v_c))
+                                       for _, _, v_j, v_c in bwd_variants)
     _replace_equation(region, eqn, jax_consts + new_vals + args, params)
     return params, extra
 

@@ -25,7 +25,8 @@ _IDENT = re.compile(r"[^A-Za-z0-9_]")
 # recursive rule unfolds one level per derivative order.  Any other cycle (a loop body
 # that contains its own loop) would never end.
 RECURSIVE_PARAMS = frozenset({"fwd_jaxpr", "bwd_jaxpr", "jvp_jaxpr", "transpose_jaxpr",
-                              "jvp_variants", "fwd_variants", "bwd_variants"})
+                              "jvp_variants", "fwd_variants", "bwd_variants",
+                              "transpose_variants"})
 
 
 def endless_cycle(entry: Region) -> str | None:

@@ -10,7 +10,8 @@ processed innermost first (so identical loops and branches compare equal after
 their own bodies were simplified); values never cross regions.
 
 Effectful, random-bit-generating and callback equations -- or equations whose
-regions contain one -- are never merged (``passes.effects``).
+regions contain one -- are never merged (``passes.effects``), nor are custom_vjp
+calls (each call's bwd runs on its own cotangents).
 """
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ from .base import Pass, PassContext, register_pass
 from .effects import CALLBACK_PRIMITIVES, RANDOM_PRIMITIVES, EffectOracle
 from .signature import merge_into
 from ..ir.structural_key import KeyMaker
+
+
+# Two calls of one custom_vjp are not one call: JAX runs the user's bwd once per
+# call, on that call's cotangents (SymbolicZero where that call's output is unused),
+# and a bwd need not be linear in them (gradient clipping: clip(g1) + clip(g2) is
+# not clip(g1 + g2)).  Merged, the bwd would run once on the summed cotangents.
+_NEVER_MERGED = frozenset({"custom_vjp_call"})
 
 
 @register_pass("cse")
@@ -45,6 +53,22 @@ class _CSE:
         # shared by several equations is processed once.
         self.done: set[int] = set()
         self._alive: list[Region] = []
+        self._vjp_inside: dict[int, bool] = {}  # region id -> calls a custom_vjp
+
+    def _calls_custom_vjp(self, eqn) -> bool:
+        """Is ``eqn`` a custom_vjp call, or does any region it holds call one (two
+        identical jitted helpers that call a custom_vjp are two calls of it too)?"""
+        if eqn.prim.name in _NEVER_MERGED:
+            return True
+        for _, _, sub in eqn.regions():
+            known = self._vjp_inside.get(id(sub))
+            if known is None:
+                self._vjp_inside[id(sub)] = False  # a recursive rule: no cycle here
+                known = self._vjp_inside[id(sub)] = any(
+                    self._calls_custom_vjp(inner) for inner in sub.equations)
+            if known:
+                return True
+        return False
 
     def region(self, region: Region) -> int:
         if id(region) in self.done:
@@ -68,7 +92,7 @@ class _CSE:
             if pkey is None:  # nested regions: simplify them first, then key them
                 for _, _, sub in eqn.regions():
                     merged += self.region(sub)
-                if not self.oracle.is_mergeable(eqn):
+                if not self.oracle.is_mergeable(eqn) or self._calls_custom_vjp(eqn):
                     continue
                 pkey = keys.params(params)
             else:

@@ -234,9 +234,12 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
     bwd with a collective is not transposed (see ``_refuse_untyped_collectives``).
     """
     what = f"the bwd of {_describe(p)}"
-    call = region_to_closed_jaxpr(p["call_jaxpr"])
-    fwd = region_to_closed_jaxpr(p["fwd_jaxpr"])
-    bwd = region_to_closed_jaxpr(p["bwd_jaxpr"])
+    # One export memo for the rule's bodies and their variants: a rule they all call
+    # (a fwd that calls its own function) is exported, and so rebuilt, once.
+    exported: dict = {}
+    call = region_to_closed_jaxpr(p["call_jaxpr"], exported)
+    fwd = region_to_closed_jaxpr(p["fwd_jaxpr"], exported)
+    bwd = region_to_closed_jaxpr(p["bwd_jaxpr"], exported)
     nc, nr = p["num_consts"], p["num_res"]
     in_avals, y_avals = list(call.in_avals), list(call.out_avals)
     c_avals = in_avals[:nc]
@@ -247,30 +250,102 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
         raise NotTransposableError(
             f"{what} takes {n_ct} cotangents and returns {len(bwd.out_avals)}; the rule's "
             f"function has {sum(y_inexact)} float outputs and {sum(x_inexact)} float inputs")
-    transposed = None
-    if n_ct and bwd.out_avals:
+    def tangent_map(b, n_res):
+        """bwd ``b`` transposed w.r.t. its cotangent (forward mode's tangent map), or
+        a refusal, or None (the primal's jvp gives forward-mode tangents)."""
+        if not (n_ct and b.out_avals):
+            return None
         try:
             if untyped_collectives:
                 _refuse_untyped_collectives(p)
-            transposed = transpose_linear(bwd, [False] * (nc + nr) + [True] * n_ct, what=what,
-                                          linear_name="its cotangent")
+            return transpose_linear(b, [False] * (nc + n_res) + [True] * n_ct, what=what,
+                                    linear_name="its cotangent")
         except NotTransposableError:
             if refusal is not None:
-                transposed = _refusing_tangent_map(bwd, nc, nr, refusal)
-            elif untransposable != "primal":
+                return _refusing_tangent_map(b, nc, n_res, refusal)
+            if untransposable != "primal":
                 raise
-    use_primal = transposed is None and n_ct > 0 and bool(bwd.out_avals)
+            return None
+
     consts_linear = nc > 0 and _consts_need_forward_columns(p, c_avals)
-    jvp = _jvp_rule(_info(p), call, fwd, bwd, transposed, nc, nr,
-                    consts_linear=consts_linear, use_primal=use_primal)
+    families = _families(p, nr, n_ct, exported)
+
+    # One conversion memo for the rule and its variants: the rules they call (a fwd
+    # that calls its own function) become one set of Regions, not one per variant.
+    memo: dict = {}
+
+    def jvp_for(fwd_f, n_res, bwd_f, ct_variants):
+        transposed = tangent_map(bwd_f, n_res)
+        use_primal = transposed is None and n_ct > 0 and bool(bwd_f.out_avals)
+        return _jvp_rule(_info(p), call, fwd_f, bwd_f, transposed, nc, n_res,
+                         consts_linear=consts_linear, use_primal=use_primal,
+                         ct_variants=ct_variants, memo=memo)
+
+    main = families.pop(())
+    jvp = jvp_for(fwd, nr, bwd, main["ct_variants"])
     params = dict(call_jaxpr=p["call_jaxpr"], jvp_jaxpr=jvp,
                   num_consts=0 if consts_linear else nc,
                   symbolic_zeros=p["symbolic_zeros"])
+    if families:
+        # A symbolic-zeros custom_vjp traced per perturbation pattern: the jvp rule
+        # picked for a pattern runs the fwd traced for it, and its tangent's transpose
+        # the bwd traced for it and for the cotangents given (docs/closure.md).
+        variants = [(pattern, jvp_for(f["fwd"], f["num_res"], f["bwd"], f["ct_variants"]))
+                    for pattern, f in families.items()]
+        if consts_linear:
+            variants = _with_const_patterns(variants, c_avals)
+        if variants:
+            params["jvp_variant_patterns"] = tuple(pattern for pattern, _ in variants)
+            params["jvp_variants"] = tuple(region for _, region in variants)
     params.update({f: p[f] for f in _INFO_FIELDS})
     params["written_as"] = "vjp"  # errors name the custom_vjp the user wrote
     if consts_linear:
         params["const_names"] = ()  # the closed-over values are ordinary inputs now
     return params
+
+
+def _families(p: dict, nr: int, n_ct: int, exported: dict) -> dict:
+    """A symbolic-zeros vjp rule's fwd/bwd per perturbation pattern: ``{in_pattern:
+    {fwd, num_res, bwd, ct_variants}}``, ``()`` for ``fwd_jaxpr``/``bwd_jaxpr``;
+    ``bwd`` takes every output cotangent, ``ct_variants`` ((ct_pattern, bwd), ...)
+    the patterns with some symbolic-zero cotangents."""
+    families = {(): dict(fwd=None, num_res=nr, bwd=None, ct_variants=[])}
+    for (pattern, n_res), region in zip(p.get("fwd_variant_patterns", ()),
+                                        p.get("fwd_variants", ())):
+        families[tuple(pattern)] = dict(fwd=region_to_closed_jaxpr(region, exported), num_res=n_res,
+                                        bwd=None, ct_variants=[])
+    full = (True,) * n_ct
+    for (family, ct), region in zip(p.get("bwd_variant_patterns", ()),
+                                    p.get("bwd_variants", ())):
+        entry = families.get(tuple(family))
+        if entry is None:
+            continue
+        if tuple(ct) == full:
+            entry["bwd"] = region_to_closed_jaxpr(region, exported)
+        else:
+            entry["ct_variants"].append((tuple(ct), region_to_closed_jaxpr(region, exported)))
+    # A fwd variant whose bwd (all cotangents) is missing cannot be paired: as the
+    # rebuilt custom_vjp does, such a pattern uses the main rule.
+    return {k: v for k, v in families.items() if k == () or v["bwd"] is not None}
+
+
+# Beyond this many patterns of perturbed closed-over values (which a rule whose
+# closed-over values are linear inputs also dispatches on) the variants are dropped.
+_MAX_CONST_PATTERNS = 8
+
+
+def _with_const_patterns(variants, c_avals):
+    """Variants keyed by the inexact arguments' pattern, rekeyed for a rule whose
+    closed-over values are ordinary inputs (leading): the user's rule never sees
+    them, so every pattern of them maps to the same variant."""
+    n_c = sum(1 for a in c_avals if is_inexact(a))
+    if 2 ** n_c > _MAX_CONST_PATTERNS:
+        return []
+    out = []
+    for mask in range(2 ** n_c):
+        c_pattern = tuple(bool(mask >> j & 1) for j in range(n_c))
+        out.extend((c_pattern + tuple(pattern), region) for pattern, region in variants)
+    return out
 
 
 def _refusing_tangent_map(bwd, nc: int, nr: int, why: str):
@@ -329,7 +404,8 @@ def _consts_need_forward_columns(p: dict, c_avals) -> bool:
 
 
 def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
-              consts_linear: bool, use_primal: bool) -> Region:
+              consts_linear: bool, use_primal: bool, ct_variants=(),
+              memo: dict | None = None) -> Region:
     """The jvp rule ``(c, x, t) -> (y, t_y)`` as a constant-free Region.
 
     ``t_y = linear_call(callee, transpose)(residuals; t)``.  In the plain case the
@@ -338,6 +414,8 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
     too (callee adds the primal's jvp along them, transpose adds their cotangents
     by forward-mode columns); with ``use_primal`` the callee is the primal's jvp
     instead of ``T``.  Either needs the primal arguments among the residuals.
+    ``ct_variants`` ((ct_pattern, bwd), ...): bwd traced for output cotangents that
+    are symbolic zeros, the linear_call's transposes for those patterns.
     """
     import jax
 
@@ -382,25 +460,35 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
             parts.append(primal_jvp(c, x, hot_c, tc, True))
         return [sum(ts[1:], ts[0]) for ts in zip(*parts)]
 
-    def transpose(*ops):
-        c, x, r = split_res(ops[:n_res])
-        ct = ops[n_res:]
-        ct_x = run(bwd, *c, *r, *ct)
-        if not hot_c:
-            return list(ct_x)
-        it = iter(ct)
-        cts = [next(it) if inexact else 0 for inexact in y_inexact]
-        ct_c = _forward_const_cotangents(call, list(c), list(x), hot_c, cts, y_avals)
-        return [*ct_c, *ct_x]
+    def transpose_by(rule_bwd, ct_pattern):
+        def transpose(*ops):
+            c, x, r = split_res(ops[:n_res])
+            ct = ops[n_res:]
+            ct_x = run(rule_bwd, *c, *r, *ct)
+            if not hot_c:
+                return list(ct_x)
+            # Outputs whose cotangent is a symbolic zero add nothing (no forward column).
+            nonzero = iter(v if nz else None for v, nz in zip(ct, ct_pattern))
+            cts = [next(nonzero) if inexact else None for inexact in y_inexact]
+            ct_c = _forward_const_cotangents(call, list(c), list(x), hot_c, cts, y_avals)
+            return [*ct_c, *ct_x]
+        return transpose
 
     rule = None
     if ct_avals and (tx_avals or tc_avals):
+        full = (True,) * len(ct_avals)
         if keep_x:
             callee_c = _closed(callee, [*res_avals, *tc_avals, *tx_avals], f"{info.name}_tangent")
-            transpose_c = _closed(transpose, [*res_avals, *ct_avals], f"{info.name}_cotangent")
+            transpose_c = _closed(transpose_by(bwd, full), [*res_avals, *ct_avals],
+                                  f"{info.name}_cotangent")
+            t_variants = tuple((ct, _closed(transpose_by(b, ct), [*res_avals, *ct_avals],
+                                            f"{info.name}_cotangent"))
+                               for ct, b in ct_variants)
         else:
             callee_c, transpose_c = transposed, bwd  # exactly (c, r; t_x) and (c, r; ct_y)
-        rule = LinearRule(info=info, callee=callee_c, transpose=transpose_c, num_res=n_res)
+            t_variants = tuple((ct, b) for ct, b in ct_variants)
+        rule = LinearRule(info=info, callee=callee_c, transpose=transpose_c, num_res=n_res,
+                          transpose_variants=t_variants)
     y_t_avals = [a for a in y_avals if is_inexact(a)]
 
     def jvp(*ops):
@@ -420,7 +508,7 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
     if consts:
         raise RuntimeError(f"vjp-to-jvp: the jvp rule of '{info.name}' captured "
                            f"{len(consts)} constants")
-    return region_from_closed_jaxpr(jx.ClosedJaxpr(jaxpr, []))
+    return region_from_closed_jaxpr(jx.ClosedJaxpr(jaxpr, []), memo=memo)
 
 
 def _closed(fn, avals, name):
