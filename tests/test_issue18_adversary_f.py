@@ -73,6 +73,29 @@ def test_compile_of_a_traced_program_with_a_ref_argument():
     np.testing.assert_array_equal(np.asarray(r[...]), [1., 2., 3.])
 
 
+def _accumulate_in_loop(r, x):
+    def body(i, count):
+        r[...] += x * i
+        return count + 1
+    return jax.lax.fori_loop(0, 3, body, 0)
+
+
+def test_ref_argument_written_inside_a_loop_matches_jax_jit():
+    # The loop body's effects name the Ref: kept by position in the IR, so the
+    # emitted body (new Vars) still names its own input.
+    x = jnp.arange(3.) + 1
+    results = []
+    for run in (jax.jit(_accumulate_in_loop),
+                jaxpr_cc.jit(_accumulate_in_loop),
+                lambda r, x: jaxpr_cc.compile(jaxpr_cc.trace(_accumulate_in_loop, r, x))(r, x)):
+        r = jax.new_ref(jnp.ones(3))
+        count = run(r, x)
+        results.append((int(count), np.asarray(r[...])))
+    for count, value in results[1:]:
+        assert count == results[0][0]
+        np.testing.assert_array_equal(value, results[0][1])
+
+
 # ---------------------------------------------- donation of keyword arguments
 def _add(x, y):
     return x + y
