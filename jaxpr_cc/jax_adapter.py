@@ -1196,3 +1196,39 @@ def symbolic_zero(aval):
     """The ``SymbolicZero`` JAX hands a symbolic-zeros rule for a zero of ``aval``."""
     from jax.custom_derivatives import SymbolicZero
     return SymbolicZero(aval)
+
+
+# ---------------------------------------------------------------------------
+# Issue 18 (h18f): effects on jax.Ref inputs, by position in the IR
+# ---------------------------------------------------------------------------
+# JAX names the Ref an effect reads or writes (JaxprInputEffect.input) by the
+# jaxpr Var itself.  The IR re-creates every Var when it emits a jaxpr, so it keeps
+# such effects by position instead (the form files store too): an equation's by
+# its operand (JAX's new_jaxpr_eqn resolves those back to the new Vars), a
+# region's by its binder (constvars, then invars).
+def input_effects_by_position(effs, binders: Sequence[Any]):
+    """``effs`` with each effect on one of ``binders`` (Vars) given by its index."""
+    if not any(isinstance(e, JaxprInputEffect) and not isinstance(e.input, int) for e in effs):
+        return effs
+    index = {}
+    for i, v in enumerate(binders):
+        if isinstance(v, Var):
+            index.setdefault(v, i)
+    out = set()
+    for e in effs:
+        if isinstance(e, JaxprInputEffect) and not isinstance(e.input, int):
+            i = index.get(e.input)
+            if i is not None:
+                e = e.replace(i)
+        out.add(e)
+    return out
+
+
+def input_effects_on(effs, binders: Sequence[Any]):
+    """``effs`` with each positional effect naming its binder (a Var) again."""
+    if not any(isinstance(e, JaxprInputEffect) and isinstance(e.input, int) for e in effs):
+        return effs
+    return {e.replace(binders[e.input])
+            if isinstance(e, JaxprInputEffect) and isinstance(e.input, int)
+            and 0 <= e.input < len(binders) else e
+            for e in effs}

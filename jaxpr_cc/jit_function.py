@@ -220,6 +220,7 @@ class JitFunction:
         self._static_names: frozenset[str] = frozenset()
         self._has_statics = False
         self._donate_nums: tuple[int, ...] = ()
+        self._donate_names: frozenset[str] = frozenset()
         self._resolved = False
         self._cache: dict = {}
         _STATES.add(self)
@@ -257,7 +258,8 @@ class JitFunction:
         ``program``, ``executable``, ``cache_size`` and ``clear_cache`` of ours, and
         holding ``fun`` (the stand-in does not)."""
         if not self._resolved:
-            static_nums, static_names, donate_nums, _ = jit_resolved_argnums(jitted)
+            static_nums, static_names, donate_nums, donate_names = jit_resolved_argnums(jitted)
+            self._donate_names = frozenset(donate_names)
             self._static_nums = static_nums
             self._static_names = frozenset(static_names)
             self._has_statics = bool(static_nums or static_names)
@@ -330,8 +332,11 @@ class JitFunction:
     # ------------------------------------------------------------ new signature
     def _add_entry(self, key, statics, tree, avals, leaves) -> _Entry:
         target = self._bind_statics(statics)
-        # Arrays are traced at their types; other leaves (tokens) as themselves.
-        specs = [_spec(a) if hasattr(a, "shape") else x for a, x in zip(avals, leaves)]
+        # Arrays are traced at their types; other leaves (tokens) as themselves, and
+        # so are jax.Ref arguments: a ShapeDtypeStruct has no Ref type, and the
+        # program must read and write the caller's Ref as jax.jit's trace does.
+        specs = [_spec(a) if hasattr(a, "shape") and not isinstance(a, jax.ref.AbstractRef)
+                 else x for a, x in zip(avals, leaves)]
         spec_args, spec_kwargs = tree_util.tree_unflatten(tree, specs)
         # Errors raised by the user's function propagate unchanged from here.
         from .closure.session import jax_errors
@@ -367,9 +372,12 @@ class JitFunction:
             with_statics.__signature__ = self._signature.replace(parameters=params)
         return with_statics
 
-    def _donated_leaves(self, dyn_args: tuple, statics) -> list[int]:
-        """Flat argument-leaf indices of the donated positional arguments."""
-        if not self._donate_nums:
+    def _donated_leaves(self, dyn_args: tuple, dyn_kwargs: dict, statics) -> list[int]:
+        """Flat argument-leaf indices of the donated arguments: positional ones by
+        donate_argnums, keyword ones by name (JAX resolves donate_argnums and
+        donate_argnames to each other through the signature, so an argument donated
+        by position is donated when passed by keyword too, as in jax.jit)."""
+        if not self._donate_nums and not self._donate_names:
             return []
         static_positions = sorted(i for i, _ in statics[0]) if statics is not None else []
         n_args = len(dyn_args) + len(static_positions)
@@ -385,6 +393,13 @@ class JitFunction:
                 continue  # not passed in this call (jax.jit ignores it too)
             j = d - sum(1 for i in static_positions if i < d)
             leaves.update(range(starts[j], starts[j + 1]))
+        # Keyword leaves follow the positional ones, in the dict's flattening order
+        # (sorted keys).
+        for name in sorted(dyn_kwargs):
+            n = tree_util.tree_structure(dyn_kwargs[name]).num_leaves
+            if name in self._donate_names:
+                leaves.update(range(pos, pos + n))
+            pos += n
         return sorted(leaves)
 
     # ---------------------------------------------------------- inspection
@@ -397,23 +412,39 @@ class JitFunction:
         placed as this ``jit`` places it (its in_shardings/out_shardings, else the
         arguments' committed shardings; its donated arguments): an
         :class:`~jaxpr_cc.Executable` that can be saved and loaded elsewhere."""
-        entry, program, dyn_args, statics, leaves = self._entry_for(args, kwargs)
+        entry, program, dyn_args, dyn_kwargs, statics, leaves = self._entry_for(args, kwargs)
         args_tree, kwargs_tree = program.in_tree.children()
         given = self._options.get("in_shardings")
         flat_given = (xla._flat_arg_shardings(program, given, args_tree, kwargs_tree)
                       if given is not None else [None] * len(leaves))
         arg_shardings = [g if g is not None else xla._committed_sharding(x)
                          for g, x in zip(flat_given, leaves)]
-        donated = self._donated_leaves(dyn_args, statics)
+        donated = self._donated_leaves(dyn_args, dyn_kwargs, statics)
+        on_device = self._device_sharding()
+        if on_device is not None:
+            arg_shardings = [on_device] * len(leaves)
         place = (tuple(arg_shardings), tuple(donated))
         exe = entry.executables.get(place)
         if exe is None:
             exe = xla.compile_flat(program, arg_shardings,
                                    out_shardings=self._options.get("out_shardings"),
                                    donated=donated,
-                                   compiler_options=self._options.get("compiler_options"))
+                                   compiler_options=self._options.get("compiler_options"),
+                                   on_device=on_device,
+                                   keep_unused=bool(self._options.get("keep_unused", False)))
             entry.executables[place] = exe  # holds its program
         return exe
+
+    def _device_sharding(self):
+        """Where jax.jit's deprecated ``device=``/``backend=`` put everything (every
+        input and output on that one device, as jax.jit resolves them), else None."""
+        device = self._options.get("device")
+        backend = self._options.get("backend")
+        if device is not None:
+            return jax.sharding.SingleDeviceSharding(device)
+        if backend is not None:
+            return jax.sharding.SingleDeviceSharding(jax.local_devices(backend=backend)[0])
+        return None
 
     def _entry_for(self, args, kwargs) -> tuple:
         dyn_args, dyn_kwargs, statics = self._split_statics(args, kwargs)
@@ -426,7 +457,7 @@ class JitFunction:
             raise self._unhashable(statics) from None
         if entry is None:
             entry, _ = self._add_entry(key, statics, tree, avals, leaves)
-        return entry, entry.program, dyn_args, statics, leaves
+        return entry, entry.program, dyn_args, dyn_kwargs, statics, leaves
 
     def cache_size(self) -> int:
         """How many programs (input signatures) this function has traced."""

@@ -7,7 +7,7 @@ from ..closure.ir_rules import FIRST_ORDER_KEYS, export_params, is_first_order_c
 from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import (ClosedJaxpr, Jaxpr, Literal, Var, fit_debug_info, jaxpr_from_parts,
-                           new_jaxpr_eqn, region_trace_context)
+                           input_effects_on, new_jaxpr_eqn, region_trace_context)
 
 
 def region_to_jaxpr(region: Region, memo: dict | None = None) -> tuple[Jaxpr, list[Any] | None]:
@@ -45,7 +45,9 @@ def region_to_jaxpr(region: Region, memo: dict | None = None) -> tuple[Jaxpr, li
         append(new_jaxpr_eqn(ins, outs, prim, params, eqn.effects, eqn.source_info, eqn.ctx))
     outvars = [env[a] if type(a) is Value else a for a in region.outvars]
     dbg = fit_debug_info(region.debug_info, len(invars), len(outvars))
-    jaxpr = jaxpr_from_parts(constvars, invars, outvars, eqns, region.effects, dbg)
+    # (equation effects on Refs by position are resolved by new_jaxpr_eqn)
+    effects = input_effects_on(region.effects, constvars + invars)
+    jaxpr = jaxpr_from_parts(constvars, invars, outvars, eqns, effects, dbg)
     return jaxpr, (list(region.consts) if region.consts is not None else None)
 
 

@@ -78,8 +78,19 @@ def _lowering_specs(program: Program, avals, in_flat) -> list:
              and isinstance(s.mesh, jax.sharding.Mesh)]
     specs = []
     for i, (aval, placed) in enumerate(zip(avals, in_flat)):
+        if isinstance(aval, jax.ref.AbstractRef):
+            # A jax.Ref input: jax.jit lowers at the Ref type itself (a
+            # ShapeDtypeStruct would be a plain array the program cannot write).
+            specs.append(aval)
+            continue
         weak = getattr(aval, "weak_type", False)
         typed = _typed_sharding(aval).get("sharding")
+        if typed is not None and placed is None and i < len(program.params) and \
+                not _layout_in_type(aval):
+            # A bound parameter with no placement (see _param_shardings) whose type
+            # names no layout: read where the computation runs, as jax.jit reads
+            # the constant it was; its mesh must not pull the computation onto it.
+            typed = None
         if typed is None:
             specs.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=weak))
             continue
@@ -142,19 +153,26 @@ def compile(program: Program, *, in_shardings: Any = None, out_shardings: Any = 
 def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *,
                  out_shardings: Any = None, donated: Sequence[int] = (),
                  compiler_options: dict | None = None,
-                 follow_arguments: bool = False) -> "Executable":
+                 follow_arguments: bool = False, on_device: Any = None,
+                 keep_unused: bool = False) -> "Executable":
     """:func:`compile` with one sharding (or None) per flat argument leaf and
     ``donated`` as flat argument-leaf indices; ``jaxpr_cc.jit`` calls this.
     ``follow_arguments``: ``arg_shardings`` are defaults, not requirements -- a call
-    with arguments committed to other shardings compiles for those (once each)."""
+    with arguments committed to other shardings compiles for those (once each).
+    ``on_device``: a SingleDeviceSharding every input, parameter and output is
+    placed with (what jax.jit's deprecated ``device=``/``backend=`` mean).
+    ``keep_unused``: jax.jit's keyword (unused arguments still decide where the
+    computation runs)."""
     _check_x64(program)
     n_params = len(program.params)
     avals = [v.aval for v in program.body.invars]
     n_args = len(avals) - n_params
     if arg_shardings is None:
         arg_shardings = [None] * n_args
-    in_flat = ([_param_sharding(p, a) for p, a in zip(program.params, avals)]
-               + list(arg_shardings))
+    in_flat = _param_shardings(program, arg_shardings, keep_unused) + list(arg_shardings)
+    if on_device is not None:
+        in_flat = [on_device] * len(avals)
+        out_shardings = on_device
     flat_fun = emit_function(program)
     out_tree = program.out_tree
 
@@ -163,7 +181,7 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
         return tree_util.tree_unflatten(out_tree, flat_fun(*flat))
     _name_function(tree_fun, program.name)
 
-    jit_kwargs: dict[str, Any] = {}
+    jit_kwargs: dict[str, Any] = {"keep_unused": True} if keep_unused else {}
     if any(s is not None for s in in_flat):
         jit_kwargs["in_shardings"] = tuple(in_flat)
     if out_shardings is not None:
@@ -183,12 +201,14 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
     unpinned = not jit_kwargs.get("in_shardings") and out_shardings is None
     follow = (follow_arguments and out_shardings is None) or unpinned
     param_in = in_flat[:n_params]
+    if on_device is None and not jit_kwargs.get("in_shardings"):
+        param_in = None  # decided for each placement of the arguments
     return Executable(name=program.name, compiled=compiled, lowered=lowered,
                       in_tree=program.in_tree, out_tree=out_tree, params=program.params,
                       input_avals=avals, n_params=n_params,
                       donated=tuple(sorted(donated)), exporter=export, program=program,
                       lower_on=(_lowerer_for_arguments(program, tree_fun, jit_kwargs, avals,
-                                                       param_in, compiler_options)
+                                                       param_in, compiler_options, keep_unused)
                                 if follow else None))
 
 
@@ -209,15 +229,18 @@ def _lowerer_on_one_device(tree_fun, jit_kwargs: dict, specs: list) -> Callable:
 
 
 def _lowerer_for_arguments(program: Program, tree_fun, jit_kwargs: dict, avals: list,
-                           param_in: list, compiler_options: dict | None = None) -> Callable:
+                           param_in: list | None, compiler_options: dict | None = None,
+                           keep_unused: bool = False) -> Callable:
     """For an executable whose argument layouts were not asked for:
     ``arg_shardings -> (lowered, compiled)`` of the same function reading its
     arguments with those shardings (None: an uncommitted argument, placed where
     the others are).  jax.jit runs such a function where its committed arguments
     are; the executable does too, compiling on first use of each placement."""
     def lower_for(arg_shardings):
-        in_flat = list(param_in) + list(arg_shardings)
-        if all(s is None for s in param_in):
+        params = (param_in if param_in is not None
+                  else _param_shardings(program, arg_shardings, keep_unused))
+        in_flat = list(params) + list(arg_shardings)
+        if all(s is None for s in params):
             devices = {d for s in arg_shardings if s is not None for d in s.device_set}
             if len(devices) == 1:
                 # Everything on the arguments' one device (parameters and
@@ -261,6 +284,26 @@ def _check_x64(program: Program) -> None:
         raise TypeError(f"jaxpr_cc.compile: {program.name} uses {found} (it was traced with "
                         f"jax_enable_x64), but this process runs with jax_enable_x64 disabled; "
                         f"set JAX_ENABLE_X64=1 or compile inside `with jax.enable_x64(True):`")
+
+
+def _param_shardings(program: Program, arg_shardings: Sequence[Any],
+                     keep_unused: bool = False) -> list:
+    """Where the compiled program reads its bound parameters.  jax.jit embeds the
+    constants they were, so they never decide which devices the computation runs
+    on: the arguments it keeps do (committed ones; unused arguments are dropped
+    unless keep_unused).  When none of those spans several devices the parameters
+    have no placement of their own (the computation runs where the arguments
+    are, else on the default device); otherwise each is read as
+    :func:`_param_sharding` says."""
+    n_params = len(program.params)
+    invars = program.body.invars
+    arg_invars = invars[n_params:]
+    spans_devices = any(
+        s is not None and len(s.device_set) > 1 and (keep_unused or program.body.has_users(v))
+        for s, v in zip(arg_shardings, arg_invars))
+    if not spans_devices:
+        return [None] * n_params
+    return [_param_sharding(p, v.aval) for p, v in zip(program.params, invars)]
 
 
 def _param_sharding(value: Any, aval: Any):
@@ -557,6 +600,13 @@ def save_executable(exe: Executable, path: str) -> None:
     import jaxlib
     from .. import __version__
     where = f"cannot save executable {exe.name}"
+    refs = [i for i, a in enumerate(exe.arg_avals) if isinstance(a, jax.ref.AbstractRef)]
+    if refs:
+        # jax.export has no Ref inputs; checked first (the compiled object's output
+        # shardings do not even line up with the results then).
+        raise SaveError(f"{where}: argument leaf {refs[0]} is a jax.Ref "
+                        f"({exe.arg_avals[refs[0]]}), which jax.export cannot serialize; "
+                        f"pass its value as an array and return the new value instead")
     in_tree = xla_archive.encode_treedef(exe.in_tree, f"{where}: arguments")
     out_tree = xla_archive.encode_treedef(exe.out_tree, f"{where}: results")
     in_s = exe._flat_input_shardings()

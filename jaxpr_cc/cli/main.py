@@ -2,8 +2,9 @@
 
 Each subcommand lives in its own module exposing ``register(subparsers)``; the
 parser calls the ``run(args)`` function it registered.  Exit codes: 0 success,
-1 a check failed, 2 usage error or bad input, 141 stdout's reader went away (as a
-shell reports for ``cat`` killed by SIGPIPE; nothing is printed).  Errors print one
+1 a check failed, 2 usage error or bad input (a result for a stdout closed from
+the start, ``>&-``, too), 141 stdout's reader went away (as a shell reports for
+``cat`` killed by SIGPIPE; nothing is printed).  Errors print one
 line (argparse's usage errors too); ``--debug``, before or after the subcommand,
 shows the traceback.  Stdout carries results only (see :mod:`jaxpr_cc.cli.output`).
 """
@@ -27,6 +28,14 @@ DEBUG_HELP = "show Python tracebacks for errors"
 class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 2), like every other CLI error;
     subcommand parsers are of this class too (``add_subparsers`` copies it)."""
+
+    def _print_message(self, message, file=None):
+        # --help and --version with stdout closed (`>&-`): argparse would print
+        # nothing and exit 0; say it instead, as for every other result.
+        if message and file is None and sys.stdout is None:
+            from .output import STDOUT_CLOSED_MESSAGE
+            self.exit(2, f"{self.prog}: error: {STDOUT_CLOSED_MESSAGE}\n")
+        super()._print_message(message, file)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} "
@@ -74,8 +83,8 @@ def _accept_debug_everywhere(subparsers) -> None:
 
 
 def main(argv=None) -> int:
-    from .output import STDOUT_CLOSED_CODE, StdoutClosed, results_path, silence_stdout, \
-        stdout_reserved_for_results
+    from .output import STDOUT_CLOSED_CODE, STDOUT_CLOSED_MESSAGE, StdoutClosed, results_path, \
+        silence_stdout, stdout_reserved_for_results
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -85,6 +94,8 @@ def main(argv=None) -> int:
             with stdout_reserved_for_results():
                 code = args.run(args)
         else:
+            if sys.stdout is None:  # closed from the start (`>&-`): its report is lost
+                raise CliError(STDOUT_CLOSED_MESSAGE)
             code = args.run(args)
         return int(code or 0)
     except (StdoutClosed, BrokenPipeError):

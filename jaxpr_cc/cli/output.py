@@ -12,8 +12,9 @@ to the real stdout through :func:`write_stdout`.
 
 A reader that goes away (``jaxpr-cc exec ... -o - | head -c 10``) ends the command
 quietly with exit code 141, what a shell reports for ``cat`` killed by SIGPIPE
-(:class:`StdoutClosed`); so does ``-o -`` when the command started with stdout closed
-(``>&-``), while a command writing to a file does not need stdout.
+(:class:`StdoutClosed`).  A command that started with stdout closed (``>&-``) and
+has a result for it fails with one line (exit 2), while a command writing to a
+file does not need stdout.
 
 ``-o /dev/stdout`` (``/dev/fd/1``, ``/proc/self/fd/1``) is ``-o -``
 (:func:`results_path`): opened by name while fd 1 points at stderr, it would reach
@@ -36,6 +37,10 @@ _results_stream = None
 _results_closed = False  # the command started with stdout closed
 
 STDOUT_CLOSED_CODE = 141  # 128 + SIGPIPE
+
+
+STDOUT_CLOSED_MESSAGE = ("cannot write to stdout: Bad file descriptor (stdout is closed; "
+                         "redirect it to a file or a pipe)")
 
 
 class StdoutClosed(Exception):
@@ -116,7 +121,9 @@ def write_stdout(data: bytes | str) -> None:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if _results_closed or (_results_fd is None and _results_stream is None
                            and sys.stdout is None):
-        raise StdoutClosed()  # stdout was closed from the start (`>&-`)
+        # Closed from the start (`>&-`): nobody ever read it, so unlike a reader
+        # that went away this is a mistake worth one line (as `cat f >&-` says).
+        raise CliError(STDOUT_CLOSED_MESSAGE)
     try:
         if _results_fd is not None:
             view = memoryview(raw)

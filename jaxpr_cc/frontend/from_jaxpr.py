@@ -14,7 +14,7 @@ from ..ir.equation import Equation
 from ..ir.graph_build import GraphLoader
 from ..ir.region import Region
 from ..ir.value import Value
-from ..jax_adapter import ClosedJaxpr, DropVar, Jaxpr, Literal
+from ..jax_adapter import ClosedJaxpr, DropVar, Jaxpr, Literal, input_effects_by_position
 
 
 def region_from_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any] | None,
@@ -35,6 +35,8 @@ def region_from_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any] | None,
 
 
 def _fill(region: Region, jaxpr: Jaxpr, consts, names, memo: dict) -> Region:
+    region.effects = input_effects_by_position(region.effects,
+                                               [*jaxpr.constvars, *jaxpr.invars])
     env: dict[Any, Value] = {}
     entry = region.entry
     for i, var in enumerate(jaxpr.constvars):
@@ -72,7 +74,9 @@ def _fill(region: Region, jaxpr: Jaxpr, consts, names, memo: dict) -> Region:
             params = {k: _convert_param(p, memo) for k, p in params.items()}
         else:
             params = dict(params)
-        eqn = Equation(jeqn.primitive, inputs, outputs, params, jeqn.effects,
+        # Effects on Ref operands by position: the emitted jaxpr has new Vars.
+        eqn = Equation(jeqn.primitive, inputs, outputs, params,
+                       input_effects_by_position(jeqn.effects, jeqn.invars),
                        jeqn.source_info, jeqn.ctx)
         eqn.region = region
         order[eqn] = None

@@ -222,8 +222,10 @@ _JOINT_OPERANDS = {
     "complex": slice(None), "select_n": slice(1, None), "dynamic_update_slice": slice(0, 2),
     "scatter-add": slice(0, 3, 2), "scatter": slice(0, 3, 2),
 }
+# (pvary: shard_map's check_vma cast of a device-invariant value to a varying
+# one; it moves no data, so a zero stays zero -- `0 * i` in a bwd under shard_map.)
 _ZERO_PRESERVING = ("broadcast_in_dim", "convert_element_type", "reshape", "transpose",
-                    "squeeze", "expand_dims", "neg", "copy")
+                    "squeeze", "expand_dims", "neg", "copy", "pvary")
 _AFFINE = "does not depend on the linear input and is not zero (an affine map, not a linear one)"
 
 
