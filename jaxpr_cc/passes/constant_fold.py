@@ -46,10 +46,11 @@ import numpy as np
 from ..backends.jaxpr import region_to_closed_jaxpr
 from ..closure.ir_rules import FIRST_ORDER_KEYS
 from ..ir.equation import Equation
+from ..ir.layouts import constant_groups, layout_of
 from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import (ExtendedDType, Literal, ShapedArray, TypedComplex, TypedFloat, TypedInt,
-                           TypedNdArray, eval_jaxpr, is_input_effect, no_effects)
+                           TypedNdArray, eval_jaxpr, no_effects)
 from .base import Pass, PassContext, register_pass
 from .effects import CALLBACK_PRIMITIVES, RANDOM_PRIMITIVES
 from .sharing import RegionOwnership
@@ -300,38 +301,16 @@ def evaluation_safe(eqn: Equation, known: dict) -> bool:
     return True
 
 
-def _call_targets(param: str):
-    return lambda eqn: [(param, None, 0, 0, len(eqn.inputs))]
+def propagation_targets(eqn) -> list[tuple]:
+    """Regions that see a known operand as is: ``(param, index_or_None, first_operand,
+    first_input, count)`` for each region of each constant group of a transparent
+    layout (``ir.layouts``)."""
+    layout = layout_of(eqn)
+    if layout is None or not layout.transparent:
+        return []
+    return [(slot.key, slot.index, group.start, slot.first_input, group.stop - group.start)
+            for group in constant_groups(eqn) for slot in group.slots]
 
-
-def _cond_targets(eqn):
-    n = len(eqn.inputs) - 1
-    return [("branches", i, 1, 0, n) for i in range(len(eqn.params["branches"]))]
-
-
-def _while_targets(eqn):
-    p = eqn.params
-    nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    return [("cond_jaxpr", None, 0, 0, nc), ("body_jaxpr", None, nc, 0, nb)]
-
-
-def _scan_targets(eqn):
-    return [("jaxpr", None, 0, 0, eqn.params["num_consts"])]
-
-
-#: Regions that receive known operands, by primitive: a function of the equation
-#: giving ``(param, index_or_None, first_operand, first_input, count)`` tuples.
-PROPAGATION_TARGETS = {
-    "jit": _call_targets("jaxpr"),
-    "pjit": _call_targets("jaxpr"),
-    "closed_call": _call_targets("call_jaxpr"),
-    "core_call": _call_targets("call_jaxpr"),
-    "checkpoint": _call_targets("jaxpr"),
-    "remat2": _call_targets("jaxpr"),
-    "cond": _cond_targets,
-    "while": _while_targets,
-    "scan": _scan_targets,
-}
 
 # Equations already evaluated whose results could not be placed (arrays of a nested
 # region that are not splats), with the operands they had then: a later run (the
@@ -580,10 +559,7 @@ class _Folder:
     # ------------------------------------------------------ into regions
     def propagate_into(self, region: Region, eqn: Equation) -> None:
         """Substitute scalar literal / splat operands into the regions they feed."""
-        rule = PROPAGATION_TARGETS.get(eqn.prim.name)
-        if rule is None or any(is_input_effect(e) for e in eqn.effects):
-            return
-        for key, idx, first_operand, first_input, n in rule(eqn):
+        for key, idx, first_operand, first_input, n in propagation_targets(eqn):
             for k in range(n):
                 atom = eqn.inputs[first_operand + k]
                 if type(atom) is Value and not (type(atom.producer) is Equation

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..ir.layouts import LAYOUTS, Layout
 from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import is_input_effect
@@ -188,12 +189,13 @@ class DefaultRule:
 
 
 class CallRule(DefaultRule):
-    """A call of one region with operands = region inputs, results = region outputs."""
+    """A call of one region with operands = region inputs, results = region outputs;
+    the params with one entry per operand or result (``ir.layouts``) shrink with them."""
 
-    def __init__(self, param: str, per_input: tuple[str, ...] = (), per_output: tuple[str, ...] = ()):
+    def __init__(self, param: str, layout: Layout):
         self.param = param
-        self.per_input = per_input
-        self.per_output = per_output
+        self.per_input = tuple(name for name, _ in layout.operand_params)
+        self.per_output = layout.result_params
 
     def analyze(self, dce, eqn, used_outs):
         if dce.removable(eqn, used_outs):
@@ -384,22 +386,19 @@ class ScanRule(DefaultRule):
 
 
 DEFAULT_RULE = DefaultRule()
-_JIT = CallRule("jaxpr", per_input=("in_shardings", "in_layouts", "donated_invars"),
-                per_output=("out_shardings", "out_layouts"))
 
 #: Per-primitive DCE rules, by primitive name; anything else uses DEFAULT_RULE.
 DCE_RULES: dict[str, DefaultRule] = {
-    "jit": _JIT,
-    "pjit": _JIT,
-    "closed_call": CallRule("call_jaxpr"),
-    "core_call": CallRule("call_jaxpr"),
-    "remat2": CallRule("jaxpr", per_input=("prevent_cse",)),
-    "checkpoint": CallRule("jaxpr", per_input=("prevent_cse",)),
-    "shard_map": CallRule("jaxpr", per_input=("in_specs",), per_output=("out_specs",)),
+    name: CallRule(key, LAYOUTS[name])
+    for name, key in (("jit", "jaxpr"), ("pjit", "jaxpr"), ("closed_call", "call_jaxpr"),
+                      ("core_call", "call_jaxpr"), ("remat2", "jaxpr"), ("checkpoint", "jaxpr"),
+                      ("shard_map", "jaxpr"))
+}
+DCE_RULES.update({
     "cond": CondRule(),
     "while": WhileRule(),
     "scan": ScanRule(),
-}
+})
 
 
 def _rule_for(eqn) -> DefaultRule:

@@ -10,13 +10,13 @@ compilation no longer scales with the constant's size, and new values
 (``program.with_params``) need no recompilation.
 
 A constant nested in a region is threaded outwards level by level: the region
-gets a new input, the equation that holds it a new operand (per-primitive rules
-in ``THREAD_RULES`` know where: appended for calls and branches, among the
-constants of loops), and the operand is supplied the same way one level up.
+gets a new input, the equation that holds it a new operand (at the end of the
+region's constant group in ``ir.layouts``: appended for calls and branches, among the
+constants of loops and custom rules), and the operand is supplied the same way one level up.
 Supplies are requested lazily from the top down, so a value reaches the
 top level once and every level reuses an operand it already has.  With
 ``dedupe`` (default) identical constants -- same dtype, shape, weak type and
-bytes -- become one parameter.  Regions of primitives without a rule (custom
+bytes -- become one parameter.  Regions outside any constant group (custom
 rules whose derivative rules are Python callables) keep their constants; the
 statistic ``constants-left-nested`` counts them.
 """
@@ -29,9 +29,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ..ir.arrays import identity_only, is_mutable_ref, nbytes, to_numpy
+from ..ir.layouts import ConstantGroup, RegionSlot, constant_groups, layout_of
 from ..ir.region import Region
 from ..ir.value import Value, is_literal
-from ..jax_adapter import UNSPECIFIED_SHARDING, is_input_effect
 from .base import Pass, PassContext, register_pass
 from ..ir.module import recursive_regions
 from .sharing import RegionOwnership
@@ -113,7 +113,7 @@ class _Hoister:
             if not has_regions(eqn):
                 continue
             subs = list(eqn.regions())
-            rule = thread_rule_for(eqn)
+            rule = thread_into if can_thread(eqn) else None
             if rule is not None and any(id(sub) in self.recursive for _, _, sub in subs):
                 # Threading a new operand into a function that calls itself would have
                 # to thread it through its own inner calls as well: left in place.
@@ -152,7 +152,7 @@ class _Hoister:
                 for e in region.equations for a in e.inputs)
         if not found:
             for eqn in region.equations:
-                if has_regions(eqn) and thread_rule_for(eqn) is not None and any(
+                if has_regions(eqn) and can_thread(eqn) and any(
                         self._has_work(sub) for _, _, sub in eqn.regions()):
                     found = True
                     break
@@ -217,10 +217,7 @@ def _same_bytes(a, b) -> bool:
     return np.array_equal(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8))
 
 
-# ------------------------------------------------------------------ thread rules
-# rule(outer_region, eqn, param_key, param_index, outer_value) -> the input of
-# region ``eqn.params[param_key][param_index]`` that receives ``outer_value``.
-
+# ------------------------------------------------------------------ threading
 def _operand_position(eqn, value: Value, start: int, stop: int) -> int | None:
     for pos in range(start, stop):
         if eqn.inputs[pos] is value:
@@ -228,147 +225,50 @@ def _operand_position(eqn, value: Value, start: int, stop: int) -> int | None:
     return None
 
 
-def _extend(params: dict, name: str, entry) -> None:
-    if isinstance(params.get(name), tuple):
-        params[name] = params[name] + (entry,)
-
-
-def _call_rule(param: str, per_input: tuple[tuple[str, Any], ...] = ()):
-    def rule(outer: Region, eqn, key, idx, value: Value) -> Value:
-        sub: Region = eqn.params[param]
-        pos = _operand_position(eqn, value, 0, len(eqn.inputs))
-        if pos is not None:
-            return sub.invars[pos]
-        append_input(outer, eqn, value)
-        inner = sub.add_input(value.aval, value.name)
-        params = dict(eqn.params)
-        for name, entry in per_input:
-            _extend(params, name, entry)
-        eqn.params = params
-        return inner
-    return rule
-
-
-def _cond_rule(outer: Region, eqn, key, idx, value: Value) -> Value:
-    branches = eqn.params["branches"]
-    pos = _operand_position(eqn, value, 1, len(eqn.inputs))
-    if pos is not None:
-        return branches[idx].invars[pos - 1]
-    append_input(outer, eqn, value)
-    added = [b.add_input(value.aval, value.name) for b in branches]
-    return added[idx]
-
-
-def _while_rule(outer: Region, eqn, key, idx, value: Value) -> Value:
-    p = eqn.params
-    nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    if key == "cond_jaxpr":
-        pos = _operand_position(eqn, value, 0, nc)
-        if pos is not None:
-            return p["cond_jaxpr"].invars[pos]
-        insert_input(outer, eqn, nc, value)
-        inner = p["cond_jaxpr"].add_input(value.aval, value.name, position=nc)
-        eqn.params = dict(p, cond_nconsts=nc + 1)
-        return inner
-    pos = _operand_position(eqn, value, nc, nc + nb)
-    if pos is not None:
-        return p["body_jaxpr"].invars[pos - nc]
-    insert_input(outer, eqn, nc + nb, value)
-    inner = p["body_jaxpr"].add_input(value.aval, value.name, position=nb)
-    eqn.params = dict(p, body_nconsts=nb + 1)
-    return inner
-
-
-def _scan_rule(outer: Region, eqn, key, idx, value: Value) -> Value:
-    p = eqn.params
-    n = p["num_consts"]
-    pos = _operand_position(eqn, value, 0, n)
-    if pos is not None:
-        return p["jaxpr"].invars[pos]
-    insert_input(outer, eqn, n, value)
-    inner = p["jaxpr"].add_input(value.aval, value.name, position=n)
-    params = dict(p, num_consts=n + 1)
-    if isinstance(p.get("linear"), tuple):
-        linear = list(p["linear"])
-        linear.insert(n, False)
-        params["linear"] = tuple(linear)
-    eqn.params = params
-    return inner
-
-
-def _shard_map_rule(outer: Region, eqn, key, idx, value: Value) -> Value:
-    from jax.sharding import PartitionSpec
-    rule = _call_rule("jaxpr", (("in_specs", PartitionSpec()),))
-    return rule(outer, eqn, key, idx, value)
-
-
-def _custom_rule(count_param: str):
-    """First-order custom rules (``jaxpr_cc.closure``): every region of the equation
-    takes the ``count_param`` leading operands (closed-over values, or residuals of
-    ``linear_call``) first, so a new one is inserted at that position everywhere."""
-    def rule(outer: Region, eqn, key, idx, value: Value) -> Value:
-        p = eqn.params
-        n = p[count_param]
-        subs = [sub for _, _, sub in eqn.regions()]
-        target = p[key] if idx is None else p[key][idx]
-        pos = _operand_position(eqn, value, 0, n)
-        if pos is not None:
-            return target.invars[pos]
-        insert_input(outer, eqn, n, value)
-        added = {id(sub): sub.add_input(value.aval, value.name, position=n) for sub in subs}
-        params = dict(p)
-        params[count_param] = n + 1
-        if isinstance(p.get("const_names"), tuple) and count_param == "num_consts":
-            params["const_names"] = p["const_names"] + (value.name or f"param{n}",)
-        eqn.params = params
-        return added[id(target)]
-    return rule
-
-
-_CUSTOM_RULES = {
-    "custom_vjp_call": _custom_rule("num_consts"),
-    "custom_jvp_call": _custom_rule("num_consts"),
-    "linear_call": _custom_rule("num_res"),
-}
-
-
-def thread_rule_for(eqn) -> Callable | None:
-    """The threading rule for ``eqn``, or None when its regions must keep their
-    constants (custom rules whose derivative rules are still Python callables)."""
-    if any(is_input_effect(e) for e in eqn.effects):
-        return None  # its effects name operands by position: new operands would shift them
-    rule = THREAD_RULES.get(eqn.prim.name)
-    if rule is not None:
-        return rule
-    custom = _CUSTOM_RULES.get(eqn.prim.name)
-    if custom is not None and _is_first_order_custom(eqn):
-        return custom
+def _slot_of(eqn, key: str, idx) -> tuple[ConstantGroup, RegionSlot] | None:
+    for group in constant_groups(eqn):
+        for slot in group.slots:
+            if slot.key == key and slot.index == idx:
+                return group, slot
     return None
 
 
-def _is_first_order_custom(eqn) -> bool:
-    try:
-        from ..closure.ir_rules import is_first_order_custom
-    except ImportError:  # closure conversion not available: treat rules as opaque
-        return False
-    if eqn.prim.name == "linear_call" and eqn.params.get("num_callee_consts", 0) != 0:
-        return False
-    return is_first_order_custom(eqn.prim.name, eqn.params)
+def thread_into(outer: Region, eqn, key: str, idx, value: Value) -> Value:
+    """The input of region ``eqn.params[key][idx]`` that receives ``value`` (an atom
+    of ``outer``): an operand of the region's constant group that already is
+    ``value``, or a new last member of that group (``ir.layouts``)."""
+    group, slot = _slot_of(eqn, key, idx)
+    pos = _operand_position(eqn, value, group.start, group.stop)
+    if pos is not None:
+        return slot.region(eqn).invars[slot.first_input + pos - group.start]
+    n = group.stop - group.start
+    if group.stop == len(eqn.inputs):
+        append_input(outer, eqn, value)
+    else:
+        insert_input(outer, eqn, group.stop, value)
+    added: dict[int, Value] = {}
+    for s in group.slots:
+        sub = s.region(eqn)
+        if id(sub) not in added:
+            added[id(sub)] = sub.add_input(value.aval, value.name, position=s.first_input + n)
+    params = dict(eqn.params)
+    if group.count_param is not None:
+        params[group.count_param] = n + 1
+    names = group.names_param
+    if names is not None and isinstance(params.get(names), tuple):
+        params[names] = params[names] + (value.name or f"param{n}",)
+    for name, entry in layout_of(eqn).operand_params:
+        if isinstance(params.get(name), tuple):
+            entries = list(params[name])
+            entries.insert(group.stop, entry)
+            params[name] = tuple(entries)
+    eqn.params = params
+    return added[id(slot.region(eqn))]
 
 
-_JIT_RULE = _call_rule("jaxpr", (("in_shardings", UNSPECIFIED_SHARDING), ("in_layouts", None),
-                                 ("donated_invars", False)))
-
-#: How to give a region of each primitive a new input fed by a new operand.
-THREAD_RULES: dict[str, Callable] = {
-    "jit": _JIT_RULE,
-    "pjit": _JIT_RULE,
-    "closed_call": _call_rule("call_jaxpr"),
-    "core_call": _call_rule("call_jaxpr"),
-    "remat2": _call_rule("jaxpr", (("prevent_cse", False),)),
-    "checkpoint": _call_rule("jaxpr", (("prevent_cse", False),)),
-    "cond": _cond_rule,
-    "while": _while_rule,
-    "scan": _scan_rule,
-    "shard_map": _shard_map_rule,
-}
+def can_thread(eqn) -> bool:
+    """Whether every region of ``eqn`` belongs to a constant group, so a constant
+    nested in any of them can become an operand."""
+    groups = constant_groups(eqn)
+    covered = {(s.key, s.index) for g in groups for s in g.slots}
+    return bool(groups) and all((key, idx) in covered for key, idx, _ in eqn.regions())

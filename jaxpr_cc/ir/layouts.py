@@ -1,0 +1,146 @@
+"""Operand layouts of the primitives that hold regions: one table, read by every pass
+that moves a value across a region boundary.
+
+A primitive's layout says which of an equation's operands are handed, unchanged and
+in every run of a region, to that region's leading inputs: its *constant groups*.
+
+* ``jit`` / ``pjit`` / ``closed_call`` / ``core_call`` / ``remat`` / ``shard_map``:
+  every operand feeds the one body, in order.
+* ``cond``: operand 0 picks the branch; the rest feed every branch.
+* ``while``: ``cond_nconsts`` operands feed the condition, the next ``body_nconsts``
+  the body; the carry that follows changes between runs, so it is in no group.
+* ``scan``: ``num_consts`` operands feed the body; carry and scanned inputs are not
+  constant.
+* first-order custom rules (``custom_vjp_call``, ``custom_jvp_call``, ``linear_call``
+  from ``jaxpr_cc.closure``): the leading ``num_consts`` (``num_res``) operands feed the
+  leading inputs of every region the equation holds -- primal, rules and variants.
+
+Passes read the table to know a value inside a region from the operand outside
+(constant folding), to add an operand that a region reads (hoisting: inserted at the
+end of a group, in the operands and in each region of the group, with the group's count
+param and the per-operand params given their default entry), and to drop operands
+and results (dce keeps the per-operand and per-result params in step).
+
+Adding a primitive with a region is one entry in ``LAYOUTS``; docs/passes.md shows
+an example.  A primitive with no entry is opaque: passes leave its regions' signatures
+alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from jax.sharding import PartitionSpec
+
+from ..closure.ir_rules import is_first_order_custom
+from ..jax_adapter import UNSPECIFIED_SHARDING, is_input_effect
+
+
+@dataclass(frozen=True)
+class RegionSlot:
+    """A region of an equation (``eqn.params[key]``, or its ``index``-th entry) whose
+    inputs from ``first_input`` on receive a constant group's operands."""
+    key: str
+    index: int | None
+    first_input: int
+
+    def region(self, eqn):
+        value = eqn.params[self.key]
+        return value if self.index is None else value[self.index]
+
+
+@dataclass(frozen=True)
+class ConstantGroup:
+    """Operands ``start:stop`` of an equation, handed unchanged to each slot's region.
+    ``count_param`` holds the group's size when the primitive stores it;
+    ``names_param`` (custom rules' ``const_names``) names each member."""
+    start: int
+    stop: int
+    slots: tuple[RegionSlot, ...]
+    count_param: str | None = None
+    names_param: str | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``groups(eqn)``: the equation's constant groups.  ``operand_params``: params
+    with one entry per operand, each with the entry a new operand gets;
+    ``result_params``: params with one entry per result.  ``transparent``: a region
+    sees each operand of a group as the value itself and computes the equation's
+    results from it by its own equations -- not true of ``shard_map`` (a region sees
+    one shard) nor of custom rules (their derivatives are not their regions')."""
+    groups: Callable[[Any], tuple[ConstantGroup, ...]]
+    operand_params: tuple[tuple[str, Any], ...] = ()
+    result_params: tuple[str, ...] = ()
+    transparent: bool = True
+
+
+def _call(key: str) -> Callable:
+    return lambda eqn: (ConstantGroup(0, len(eqn.inputs), (RegionSlot(key, None, 0),)),)
+
+
+def _cond(eqn) -> tuple[ConstantGroup, ...]:
+    slots = tuple(RegionSlot("branches", i, 0) for i in range(len(eqn.params["branches"])))
+    return (ConstantGroup(1, len(eqn.inputs), slots),)
+
+
+def _while(eqn) -> tuple[ConstantGroup, ...]:
+    nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+    return (ConstantGroup(0, nc, (RegionSlot("cond_jaxpr", None, 0),), "cond_nconsts"),
+            ConstantGroup(nc, nc + nb, (RegionSlot("body_jaxpr", None, 0),), "body_nconsts"))
+
+
+def _scan(eqn) -> tuple[ConstantGroup, ...]:
+    n = eqn.params["num_consts"]
+    return (ConstantGroup(0, n, (RegionSlot("jaxpr", None, 0),), "num_consts"),)
+
+
+def _custom(count_param: str, names_param: str | None) -> Callable:
+    def groups(eqn) -> tuple[ConstantGroup, ...]:
+        p = eqn.params
+        # Rules still held as Python callables (JAX's own form) take their constants
+        # in ways only JAX knows: no group.  A linear_call whose callee has its own
+        # constants interleaves them with the residuals.
+        if not is_first_order_custom(eqn.prim.name, p) or p.get("num_callee_consts", 0):
+            return ()
+        slots = tuple(RegionSlot(key, idx, 0) for key, idx, _ in eqn.regions())
+        return (ConstantGroup(0, p[count_param], slots, count_param, names_param),)
+    return groups
+
+
+_JIT = Layout(_call("jaxpr"),
+              operand_params=(("in_shardings", UNSPECIFIED_SHARDING), ("in_layouts", None),
+                              ("donated_invars", False)),
+              result_params=("out_shardings", "out_layouts"))
+_REMAT = Layout(_call("jaxpr"), operand_params=(("prevent_cse", False),))
+
+#: The layout of each primitive that holds regions, by primitive name.
+LAYOUTS: dict[str, Layout] = {
+    "jit": _JIT,
+    "pjit": _JIT,
+    "closed_call": Layout(_call("call_jaxpr")),
+    "core_call": Layout(_call("call_jaxpr")),
+    "remat2": _REMAT,
+    "checkpoint": _REMAT,
+    "shard_map": Layout(_call("jaxpr"), operand_params=(("in_specs", PartitionSpec()),),
+                        result_params=("out_specs",), transparent=False),
+    "cond": Layout(_cond),
+    "while": Layout(_while),
+    "scan": Layout(_scan, operand_params=(("linear", False),)),
+    "custom_vjp_call": Layout(_custom("num_consts", "const_names"), transparent=False),
+    "custom_jvp_call": Layout(_custom("num_consts", "const_names"), transparent=False),
+    "linear_call": Layout(_custom("num_res", None), transparent=False),
+}
+
+
+def layout_of(eqn) -> Layout | None:
+    return LAYOUTS.get(eqn.prim.name)
+
+
+def constant_groups(eqn) -> tuple[ConstantGroup, ...]:
+    """``eqn``'s constant groups; none when its effects name operands by position
+    (moving or adding operands would shift them)."""
+    layout = LAYOUTS.get(eqn.prim.name)
+    if layout is None or any(is_input_effect(e) for e in eqn.effects):
+        return ()
+    return layout.groups(eqn)
