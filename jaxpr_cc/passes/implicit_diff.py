@@ -128,9 +128,19 @@ class ImplicitDiff(Pass):
                 ctx.count("loops-skipped")
                 ctx.count(f"loop {position} ({where}) skipped: {match}")
                 continue
-            _replace(region, eqn, match, self, where,
-                     start_may_move=any(_may_move(region, eqn.inputs[match.carry_operand(i)])
-                                        for i in match.state))
+            reason = _custom_vjp_reason(eqn)
+            if reason is None:
+                try:
+                    _replace(region, eqn, match, self, where,
+                             start_may_move=any(_may_move(region, eqn.inputs[match.carry_operand(i)])
+                                                for i in match.state))
+                except Exception as e:  # noqa: BLE001 -- a loop the rule cannot be built for is left alone
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    reason = f"building its implicit rule failed ({type(e).__name__}: {first})"
+            if reason is not None:
+                ctx.count("loops-skipped")
+                ctx.count(f"loop {position} ({where}) skipped: {reason}")
+                continue
             ctx.count("loops-rewritten")
             changed = True
         if changed:
@@ -171,6 +181,27 @@ def _complex_reason(eqn: Equation) -> str | None:
         if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
             return "the loop carries or reads complex values (the implicit solve assumes " \
                    "a real Jacobian)"
+    return None
+
+
+def _custom_vjp_reason(eqn: Equation) -> str | None:
+    """Why a loop calling a ``custom_vjp`` rule is left alone (None when it calls
+    none).  The implicit rule linearizes the loop's update (the tangent, the
+    certificate's rate, the fallback Jacobian), and JAX has no forward mode
+    through a custom_vjp; ``vjp-to-jvp`` first turns such rules into custom_jvp."""
+    todo = [sub for _, _, sub in eqn.regions()]
+    seen: set[int] = set()
+    while todo:
+        region = todo.pop()
+        if id(region) in seen:
+            continue
+        seen.add(id(region))
+        for inner in region.equations:
+            if inner.prim.name == "custom_vjp_call":
+                name = inner.params.get("name", "") or "a custom_vjp function"
+                return (f"the loop calls the custom_vjp rule {name} (no forward-mode "
+                        "derivative; run vjp-to-jvp before implicit-diff)")
+            todo.extend(sub for _, _, sub in inner.regions())
     return None
 
 
@@ -412,7 +443,7 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
     if start_may_move and not start_term:
         certified = _never(certified)
 
-    def implicit(ops, outs, count, t_ops):
+    def implicit(ops, outs, count, t_ops, ok):
         it = iter(t_ops)
         t_of = {j: next(it) for j, inexact in enumerate(op_inexact) if inexact}
         theta_vals = [ops[j] for j in theta_ops]
@@ -437,17 +468,20 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
                                tuple(t_of[theta_ops[k]] for k in hot))
             else:
                 b = [jnp.zeros(jnp.shape(x), jnp.result_type(x)) for x in x_star]
-            b = [bi + link.astype(bi.dtype) for bi in b]
+            b = [jnp.where(ok, bi, jnp.zeros_like(bi)) + link.astype(bi.dtype) for bi in b]
             _, f_x = jax.linearize(lambda *xs: f_eval(theta_vals, list(xs)), *x_star)
 
             def matvec(t):
-                return [ti - ji for ti, ji in zip(t, f_x(*t))]
+                # I - J where certified, I elsewhere (J masked on both sides, so
+                # neither its primal NaNs nor its transpose reach the solve).
+                inner = f_x(*[jnp.where(ok, ti, jnp.zeros_like(ti)) for ti in t])
+                return [ti - jnp.where(ok, ji, jnp.zeros_like(ji)) for ti, ji in zip(t, inner)]
 
             t_x = lax.custom_linear_solve(matvec, list(b), solver, solver)
             if start_term:
                 t_0 = [t_of[j] if j in t_of else jnp.zeros_like(x)
                        for j, x in zip(state_init, x_star)]
-                t_x = _add_start_term(f_x, x_star, count, t_x, t_0)
+                t_x = _add_start_term(f_x, x_star, count, t_x, t_0, ok)
         result = []
         for i, aval in enumerate(out_avals):
             if not _inexact(aval):
@@ -464,10 +498,18 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
 
     def tangent(ops, outs, count, t_ops):
         if not t_ops:
-            return implicit(ops, outs, count, t_ops)
+            return implicit(ops, outs, count, t_ops, jnp.bool_(True))
         ok = certified(ops, outs, count)
-        return lax.cond(ok, implicit, lambda o, r, k, t: fallback(o, t), ops, outs, count,
-                        t_ops)
+        # Each derivative gets the tangents only where it is chosen (and masks its
+        # output): no tangent passes through a lax.cond, whose batched form (a
+        # vmapped program's differing predicates) JAX cannot transpose; and a
+        # derivative not chosen sees zero tangents in both modes, so its NaNs (a
+        # loop that did not converge) never reach the other.
+        t_imp = [jnp.where(ok, t, jnp.zeros_like(t)) for t in t_ops]
+        t_fb = [jnp.where(ok, jnp.zeros_like(t), t) for t in t_ops]
+        near = implicit(ops, outs, count, t_imp, ok)
+        loop_own = fallback(ops, t_fb, ok)
+        return [jnp.where(ok, a, b) for a, b in zip(near, loop_own)]
 
     return tangent
 
@@ -478,7 +520,7 @@ def _never(certified):
     return never
 
 
-def _add_start_term(f_x, x_star, count, t_x, t_0):
+def _add_start_term(f_x, x_star, count, t_x, t_0, ok):
     """``t* + J^K (t_0 - t*)``: the dense ``J`` raised to the loop's count by
     squaring (a scan over the count's bits, so JAX differentiates and transposes
     it; bits above the count's highest skip their products)."""
@@ -500,6 +542,7 @@ def _add_start_term(f_x, x_star, count, t_x, t_0):
         return (power, square), None
 
     (power, _), _ = lax.scan(bit, (jnp.eye(n, dtype=j_mat.dtype), j_mat), jnp.arange(31))
+    power = jnp.where(ok, power, jnp.zeros_like(power))
     gap = ravel_pytree([a - b for a, b in zip(t_0, t_x)])[0]
     flat_t = ravel_pytree(list(t_x))[0] + power @ gap.astype(power.dtype)
     return [v.astype(jnp.result_type(x)) for v, x in zip(unravel(flat_t), t_x)]
@@ -546,9 +589,6 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
                                               .astype(jnp.float32) for x in xs])
 
     def certified(ops, outs, count):
-        ops = [lax.stop_gradient(o) if _inexact(a) else o for o, a in zip(ops, op_avals)]
-        outs = [lax.stop_gradient(o) if jnp.issubdtype(jnp.result_type(o), jnp.inexact) else o
-                for o in outs]
         cond_consts = ops[:cond_n]
         (ran,) = jx.eval_jaxpr(loop.cond_jaxpr, (), *cond_consts, *ops[cond_n + body_n:])
         ok = jnp.all(jnp.asarray(ran, bool))
@@ -688,13 +728,26 @@ def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff"):
         return wrapped
 
     if p == 0:
-        return lambda ops, t_ops: [jnp.zeros(out_avals[i].shape, out_avals[i].dtype)
-                                   for i in out_idx]
+        return lambda ops, t_ops, certified: [jnp.zeros(out_avals[i].shape, out_avals[i].dtype)
+                                              for i in out_idx]
     if p > options.fallback_max_size or out_size * p > budget:
-        return lambda ops, t_ops: nan_like([(out_avals[i].shape, out_avals[i].dtype)
-                                            for i in out_idx], t_ops)
+        def refused(ops, t_ops, certified):
+            nan = nan_like([(out_avals[i].shape, out_avals[i].dtype) for i in out_idx], t_ops)
+            return [jnp.where(certified, jnp.zeros_like(v), v) for v in nan]
+        return refused
     jac = dense(jacobian_of(loop_outs), options.depth - 1, out_size * p)
-    return lambda ops, t_ops: contract(jac(*ops), t_ops)
+
+    def tangent(ops, t_ops, certified):
+        # The Jacobian only where the implicit derivative is not used (a cond on
+        # primals; the contraction with the tangents is outside it).
+        shapes = [jax.ShapeDtypeStruct(out_avals[i].shape + (p,), out_avals[i].dtype)
+                  for i in out_idx]
+        jacs = lax.cond(certified,
+                        lambda *o: [jnp.zeros(s.shape, s.dtype) for s in shapes],
+                        lambda *o: [j.astype(s.dtype) for j, s in zip(jac(*o), shapes)],
+                        *ops)
+        return contract(jacs, t_ops)
+    return tangent
 
 
 class _Solver:

@@ -1,0 +1,122 @@
+"""implicit-diff keeps the loop's derivative and never fails the pipeline (issue 16,
+adversary f).
+
+The reference is always JAX's derivative through the original loop (forward
+mode through its iterations), or a float64 analytic value where JAX has none.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpr_cc
+from jaxpr_cc.passes.manager import PassManager
+
+
+def rewritten(fun, *args, pipeline="implicit-diff"):
+    return jaxpr_cc.run_passes(jaxpr_cc.trace(fun, *args), pipeline)
+
+
+# ------------------------------------------------ a custom_vjp inside the loop
+@jax.custom_vjp
+def sine_with_rule(x):
+    return jnp.sin(x)
+
+
+sine_with_rule.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, g: (c * g,))
+
+
+def loop_calling_a_custom_vjp(theta):
+    def cond(c):
+        x, xp = c
+        return jnp.abs(x - xp) > 1e-6
+
+    def body(c):
+        x, _ = c
+        return 0.5 * sine_with_rule(x) + theta, x
+
+    return lax.while_loop(cond, body, (jnp.float32(0.0), jnp.float32(1e3)))[0]
+
+
+def loop_calling_a_custom_vjp_under_jit(theta):
+    inner = jax.jit(lambda x: 0.5 * sine_with_rule(x))
+
+    def cond(c):
+        x, xp = c
+        return jnp.abs(x - xp) > 1e-6
+
+    def body(c):
+        x, _ = c
+        return inner(x) + theta, x
+
+    return lax.while_loop(cond, body, (jnp.float32(0.0), jnp.float32(1e3)))[0]
+
+
+@pytest.mark.parametrize("fun", [loop_calling_a_custom_vjp, loop_calling_a_custom_vjp_under_jit])
+def test_a_custom_vjp_in_the_body_leaves_the_loop_alone_with_a_reason(fun):
+    theta = jnp.float32(0.7)
+    program = jaxpr_cc.trace(fun, theta)
+    pm = PassManager("implicit-diff")
+    new = pm.run(program)
+    stats = dict(pm.statistics)["implicit-diff"]
+    assert stats["loops-skipped"] == 1 and "loops-rewritten" not in stats
+    reasons = " | ".join(k for k in stats if k.startswith("loop "))
+    assert "custom_vjp" in reasons and "vjp-to-jvp" in reasons
+    assert float(new(theta)) == float(fun(theta))
+
+
+def test_vjp_to_jvp_then_implicit_diff_rewrites_it_with_the_loops_derivative():
+    # x* = 0.5 sin x* + theta: dx*/dtheta = 1 / (1 - 0.5 cos x*) (float64 analytic).
+    theta = jnp.float32(0.7)
+    pm = PassManager("vjp-to-jvp,implicit-diff")
+    new = pm.run(jaxpr_cc.trace(loop_calling_a_custom_vjp, theta))
+    assert dict(pm.statistics)["implicit-diff"]["loops-rewritten"] == 1
+    x = float(loop_calling_a_custom_vjp(theta))
+    want = 1.0 / (1.0 - 0.5 * np.cos(np.float64(x)))
+    np.testing.assert_allclose(float(jax.grad(new)(theta)), want, rtol=1e-4)
+    np.testing.assert_allclose(float(jax.jvp(new, (theta,), (jnp.float32(1.0),))[1]), want,
+                               rtol=1e-4)
+
+
+# ------------------------------------------------ reverse mode of a vmapped rule
+def cosine_loop(theta):
+    def cond(c):
+        x, xp = c
+        return jnp.abs(x - xp) > 1e-6
+
+    def body(c):
+        x, _ = c
+        return jnp.cos(theta * x), x
+
+    return lax.while_loop(cond, body, (jnp.float32(0), jnp.float32(1e3)))[0]
+
+
+def capped_loop(theta):
+    # theta < 1 converges (certified); theta = 1.05 is not a contraction and the
+    # cap ends it (the loop's own derivative): one vmap holds both.
+    def cond(c):
+        x, xp, k = c
+        return (jnp.abs(x - xp) > 1e-6) & (k < 30)
+
+    def body(c):
+        x, _, k = c
+        return theta * x + 0.1, x, k + 1
+
+    return lax.while_loop(cond, body, (jnp.float32(0), jnp.float32(1e3), 0))[0]
+
+
+@pytest.mark.parametrize("adjoint", ["auto", "bicgstab"])
+@pytest.mark.parametrize("fun,thetas", [(cosine_loop, [0.7, 0.9]),
+                                        (capped_loop, [0.5, 1.05, 0.8])])
+def test_reverse_mode_of_a_vmapped_rule(fun, thetas, adjoint):
+    thetas = jnp.asarray(thetas, jnp.float32)
+    new = rewritten(fun, thetas[0], pipeline=f"implicit-diff{{adjoint={adjoint}}}")
+    want = jax.vmap(lambda t: jax.jvp(fun, (t,), (jnp.float32(1.0),))[1])(thetas)
+    for got in (jax.grad(lambda t: jax.vmap(new)(t).sum())(thetas),
+                jnp.diag(jax.jacrev(jax.vmap(new))(thetas)),
+                jax.vmap(jax.grad(new))(thetas),
+                jax.jit(jax.grad(lambda t: jax.vmap(new)(t).sum()))(thetas)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(new)(thetas)),
+                                  np.asarray(jax.vmap(fun)(thetas)))
