@@ -120,3 +120,53 @@ def test_reverse_mode_of_a_vmapped_rule(fun, thetas, adjoint):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4)
     np.testing.assert_array_equal(np.asarray(jax.vmap(new)(thetas)),
                                   np.asarray(jax.vmap(fun)(thetas)))
+
+
+# ------------------------------------------------ a path far from x*'s linearization
+def curved_path(theta, tol=1e-10):
+    # e <- 0.5 e (1 + 0.9 sin(500 e)), e = x - theta: the distance contracts by at
+    # most 0.95 a step, but |df/dx| reaches ~100 along the path while it is 0.5
+    # at x*: the loop's derivative (4.44 at theta = 1) is not the fixed point's (1).
+    def cond(c):
+        x, xp = c
+        return jnp.max(jnp.abs(x - xp)) > tol
+
+    def body(c):
+        x, _ = c
+        e = x - theta
+        return theta + 0.5 * e * (1 + 0.9 * jnp.sin(500.0 * e)), x
+
+    x0 = jnp.zeros_like(theta)
+    return lax.while_loop(cond, body, (x0, x0 + 1e3))[0]
+
+
+def curved_in_one_component(theta):
+    # A 3-vector: one component takes the curved path, two are linear.
+    def cond(c):
+        x, xp = c
+        return jnp.max(jnp.abs(x - xp)) > 1e-10
+
+    def body(c):
+        x, _ = c
+        e = x - theta
+        bump = jnp.array([1.0, 0.0, 0.0]) * 0.9 * jnp.sin(500.0 * e)
+        return theta + 0.5 * e * (1 + bump), x
+
+    x0 = jnp.zeros_like(theta)
+    return jnp.sum(lax.while_loop(cond, body, (x0, x0 + 1e3))[0] * jnp.array([1.0, 2.0, 3.0]))
+
+
+@pytest.mark.parametrize("fun,theta", [(curved_path, 1.0), (curved_path, 0.8),
+                                       (curved_in_one_component, [1.0, 0.5, 2.0])])
+def test_a_path_far_from_the_fixed_points_linearization_keeps_its_derivative(fun, theta):
+    with jax.enable_x64(True):
+        theta = jnp.asarray(theta, jnp.float64)
+        tangent = jnp.ones_like(theta)
+        new = rewritten(fun, theta)
+        want_value, want = jax.jvp(fun, (theta,), (tangent,))
+        got_value, got = jax.jvp(new, (theta,), (tangent,))
+        np.testing.assert_array_equal(np.asarray(got_value), np.asarray(want_value))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-8)
+        if jnp.ndim(want_value) == 0:
+            grad = jax.grad(new)(theta)
+            np.testing.assert_allclose(float(jnp.vdot(grad, tangent)), float(want), rtol=1e-8)
