@@ -170,3 +170,59 @@ def test_a_path_far_from_the_fixed_points_linearization_keeps_its_derivative(fun
         if jnp.ndim(want_value) == 0:
             grad = jax.grad(new)(theta)
             np.testing.assert_allclose(float(jnp.vdot(grad, tangent)), float(want), rtol=1e-8)
+
+
+# ------------------------------------------------ forward mode above fallback-max-size
+N_LARGE = 400
+
+
+def large_loop(theta):
+    # 3 x 400 operand elements (start, previous-iterate start, theta): above the
+    # fallback's dense-Jacobian size.  Stopped after 13 steps of a 0.32 rate, it
+    # is not certified.
+    def cond(c):
+        x, xp = c
+        return jnp.max(jnp.abs(x - xp)) > 1e-6
+
+    def body(c):
+        x, _ = c
+        return 0.5 * jnp.cos(x) + theta, x
+
+    x0 = jnp.zeros(N_LARGE)
+    return jnp.sum(lax.while_loop(cond, body, (x0, x0 + 1e3))[0])
+
+
+def large_loop_moving_start(theta):
+    def cond(c):
+        x, xp = c
+        return jnp.max(jnp.abs(x - xp)) > 1e-6
+
+    def body(c):
+        x, _ = c
+        return 0.5 * jnp.cos(x) + theta, x
+
+    x0 = 2.0 * theta
+    return jnp.sum(lax.while_loop(cond, body, (x0, x0 + 1e3))[0])
+
+
+@pytest.mark.parametrize("fun", [large_loop, large_loop_moving_start])
+def test_forward_mode_of_an_uncertified_loop_too_large_for_its_jacobian_is_the_loops(fun):
+    theta = jnp.full(N_LARGE, 0.3, jnp.float32)
+    t = jnp.asarray(np.random.default_rng(0).normal(size=N_LARGE), jnp.float32)
+    new = rewritten(fun, theta, pipeline="implicit-diff{adjoint=bicgstab}")
+    want = jax.jvp(fun, (theta,), (t,))[1]
+    np.testing.assert_allclose(float(jax.jvp(new, (theta,), (t,))[1]), float(want), rtol=1e-6)
+    np.testing.assert_allclose(float(jax.jit(lambda a, b: jax.jvp(new, (a,), (b,))[1])(theta, t)),
+                               float(want), rtol=1e-6)
+
+    def second(F):
+        return jax.jvp(lambda a: jax.jvp(F, (a,), (t,))[1], (theta,), (t,))[1]
+
+    np.testing.assert_allclose(float(second(new)), float(second(fun)), rtol=1e-5)
+    thetas, ts = jnp.stack([theta, 1.1 * theta]), jnp.stack([t, -t])
+    np.testing.assert_allclose(
+        np.asarray(jax.vmap(lambda a, b: jax.jvp(new, (a,), (b,))[1])(thetas, ts)),
+        np.asarray(jax.vmap(lambda a, b: jax.jvp(fun, (a,), (b,))[1])(thetas, ts)), rtol=1e-6)
+    # Reverse mode would need the loop's Jacobian or iterates: NaN, never a
+    # different number.
+    assert np.all(np.isnan(np.asarray(jax.grad(new)(theta))))

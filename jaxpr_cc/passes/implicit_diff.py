@@ -27,12 +27,16 @@ convergence, has ``x*``'s tangent; a carried convergence gap has a zero tangent.
 
 The derivative is the loop's own.  The implicit one is used only where a
 run-time certificate bounds its gap to the loop's by ``TANGENT_RTOL`` (see
-``_certificate``: the loop converged, the iteration count against J's
-contraction rate, the distance travelled).  Otherwise the derivative is formed
-from the loop's Jacobian by forward mode through its iterations (so reverse mode
-works where JAX refuses), or is NaN, in every mode, when the loop's operands
-exceed ``fallback-max-size`` elements -- never a different number.  Loops with
-complex values are left alone (the solve assumes a real Jacobian).
+``_certificate``: the loop converged, and a probe of the tangent map carried
+along the iterates the loop visited -- in the derivative path only, see
+``_probing_loop`` -- with J's rate at the fixed point bounds the gap).  Otherwise
+the derivative is formed from the loop's Jacobian by forward mode through its
+iterations (so reverse mode works where JAX refuses); when the loop's operands
+exceed ``fallback-max-size`` elements, forward mode runs through the iterations
+along the given tangents and reverse mode is NaN -- never a different number.
+Loops with complex values are left alone (the solve assumes a real Jacobian);
+so are loops calling a ``custom_vjp`` rule (no forward mode: run ``vjp-to-jvp``
+first), and any loop whose rule cannot be built, each with its reason.
 
 Every other loop -- explicit time stepping ``while t < T``, growth loops
 ``while x < 10``, counted loops -- is left alone, and the pass statistics list
@@ -388,7 +392,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
                              new, old)
 
         def step(c):
-            carries, count, v, log_g, log_h, log_w = c
+            carries, count, v, log_g, log_h, log_w, recent, since = c
             running = test(carries)
 
             def body_of_state(*xs):
@@ -411,7 +415,12 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
                              for i in state])
             log_h = jnp.logaddexp(log_h, -log_g)
             log_w = jnp.logaddexp(log_w, jnp.log(jnp.maximum(moved, 1e-30)) + log_h)
-            return new, count + running.astype(jnp.int32), v, log_g, log_h, log_w
+            # The last RATE_STEPS growths: a power iteration along the final
+            # iterates (J_k -> J at x*), which the certificate's rate reuses.
+            recent = recent.at[since % RATE_STEPS].set(jnp.log(jnp.maximum(norm, 1e-30)))
+            since = jnp.where(dead, 0, since + 1)
+            return (new, count + running.astype(jnp.int32), v, log_g, log_h, log_w, recent,
+                    since)
 
         x0 = [carry0[i] for i in state]
         keys = jax.random.split(jax.random.key(20261124), len(x0))
@@ -421,14 +430,18 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         v = v_start = [vi / start.astype(vi.dtype) for vi in v]
         minus_inf = jnp.float32(-jnp.inf)
         init = (carry0, jnp.zeros(test_shape, jnp.int32), v, jnp.float32(0.0), minus_inf,
-                minus_inf)
-        carries, count, _, log_g, _, log_w = lax.while_loop(
+                minus_inf, jnp.zeros(RATE_STEPS, jnp.float32), jnp.int32(0))
+        carries, count, _, log_g, _, log_w, recent, since = lax.while_loop(
             lambda c: jnp.any(test(c[0])), step, init)
         scale = 1.0 + largest([carries[i] for i in state])
         bound = log_g + jnp.logaddexp(0.0, log_w - jnp.log(scale))
-        bound = jnp.where(jnp.isnan(bound), jnp.inf, bound).astype(jnp.float32)
+        bound = jnp.where(jnp.isnan(bound), jnp.inf, bound)
+        # The mean log growth of the last RATE_STEPS steps; NaN when the loop ran
+        # fewer since the probe last started (the certificate then runs its own
+        # power iteration at x*).
+        log_rate = jnp.where(since >= RATE_STEPS, jnp.mean(recent), jnp.nan)
         assert len(carries) == n_carry
-        return [*carries, count, bound]
+        return [*carries, count, jnp.stack([bound, log_rate]).astype(jnp.float32)]
 
     return _closed(probing, op_avals, name)
 
@@ -469,7 +482,7 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
             # The bound is not differentiated: a zero tangent, linear in the inputs'.
             link = functools.reduce(jnp.add, [0.0 * jnp.sum(t).astype(jnp.float32)
                                               for t in t_ops], jnp.float32(0.0))
-            return [*results, count, path, *tangents, link]
+            return [*results, count, path, *tangents, jnp.zeros_like(path) + link]
 
         jvp_closed = _closed(jvp, [*op_avals, *t_avals], f"{info.name}_jvp")
         rule = JVPRule(info=info, call=call if outermost else probing, jvp=jvp_closed,
@@ -652,12 +665,12 @@ def _add_start_term(f_x, x_star, count, t_x, t_0, ok):
 
 #: The certificate's bound on how far the loop's derivative can be from the
 #: implicit one, relative.  The loop's tangent follows ``t <- J_k t + b_k`` with
-#: ``J_k``, ``b_k`` at its iterates; its gap to ``t*`` is ``J^K (t_0 - t*)``
-#: (the start, see ``_tangent_map``) plus the iterates' distance to ``x*``
-#: carried into ``J_k`` and ``b_k``, which sums to about ``K s^(K-1)`` times the
-#: distance the loop travelled (``s``: J's contraction rate, estimated by
-#: ``_rate_estimate``): the certificate asks
-#: ``K s^(K-1) max(1, |x_0 - x_K| / scale) <= TANGENT_RTOL``.  A loop stopped
+#: ``J_k``, ``b_k`` at its iterates; its gap to ``t*`` is the start's part
+#: ``P_(0,K) (t_0 - t*)`` plus the iterates' distance to ``x*`` carried into
+#: ``J_k`` and ``b_k`` (``_probing_loop`` bounds both with the Jacobians met
+#: along the path, times ``PATH_MARGIN``); the start's part is also bounded by
+#: ``s^K max(1, |x_0 - x_K| / scale)`` with ``s`` J's rate at ``x*``
+#: (``_rate_estimate``), for a slow mode the path's probe barely meets.  A loop stopped
 #: earlier -- a fast component converged while a slow one started at its own
 #: fixed point, a tolerance loose for its rate -- keeps its own derivative.
 #: Higher derivatives of the loop approach the fixed point's more slowly (about
@@ -675,12 +688,17 @@ FIXED_POINT_RTOL = 1e-3
 #: tangent's size, which a cancellation in ``t*`` makes large) are unknown.
 PATH_MARGIN = 10.0
 
+#: The margin on a measured rate (a power iteration's mean growth approaches the
+#: spectral radius from below).
+RATE_MARGIN = 1.05
+
 #: Power-iteration steps for the estimate of J's contraction rate (``_rate_estimate``).
 RATE_STEPS = 20
 
 
 def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
-    """``certified(operands, results, count) -> bool`` from primals: the loop ran,
+    """``certified(operands, results, count, path) -> bool`` from primals (``path``:
+    the log bound of ``_probing_loop``): the loop ran,
     its convergence test (the cap left out) passed on the carries it stopped with,
     the final iterate is finite, ``J`` contracts at it (rate below 1: ``I - J``
     is invertible and the fixed point unique nearby), the distance to the fixed point is
@@ -715,7 +733,14 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
             ok = ok & (passed | (residual <= 64.0 * eps * scale))
         for x in x_now:
             ok = ok & jnp.all(jnp.isfinite(x))
-        rate = _rate_estimate(lambda xs: f_eval(theta_vals, xs), x_now)
+        # J's rate at x*: the probe's last RATE_STEPS growths when the loop ran
+        # that many (the same power iteration, along the final iterates), else a
+        # power iteration at x*.
+        probe_log_rate = path[1]
+        rate = lax.cond(jnp.isnan(probe_log_rate),
+                        lambda: _rate_estimate(lambda xs: f_eval(theta_vals, xs), x_now),
+                        lambda: RATE_MARGIN * jnp.exp(probe_log_rate))
+        path = path[0]
         ok = ok & (rate < 1.0)
         distance = residual / jnp.maximum(1.0 - rate, 1e-30)
         ok = ok & (distance <= jnp.maximum(FIXED_POINT_RTOL, 64.0 * eps) * scale)
@@ -766,16 +791,19 @@ def _rate_estimate(f, x_star) -> jax.Array:
     start = size(v)
     v = [vi / start.astype(vi.dtype) for vi in v]
     _, log_growth = lax.fori_loop(0, RATE_STEPS, step, (v, jnp.float32(0.0)))
-    return 1.05 * jnp.exp(log_growth / RATE_STEPS)
+    return RATE_MARGIN * jnp.exp(log_growth / RATE_STEPS)
 
 
 def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff"):
-    """``tangent(operands, operand tangents)``: the derivative of the loop as it
+    """``tangent(operands, operand tangents, certified)``: the derivative of the loop as it
     ran, ``J . t`` with ``J`` its Jacobian computed from primals by forward mode
     (vmapped over a basis of the operands), so the result is linear in ``t`` and
     transposes.  ``J`` is a custom_jvp whose derivative is again a dense
     contraction, ``depth`` levels deep, so reverse mode over it never meets the
-    while_loop.  Operands larger than ``fallback_max_size`` elements give NaN."""
+    while_loop.  Operands larger than ``fallback_max_size`` elements: forward
+    mode through the iterations along ``t`` (a ``linear_call``), whose
+    transpose is NaN.  ``certified`` (a primal bool) zeroes the result where the
+    implicit derivative is used, and skips the Jacobian there."""
     hot = [j for j, a in enumerate(op_avals) if _inexact(a)]
     sizes = [int(np.prod(op_avals[j].shape)) for j in hot]
     p = sum(sizes)
@@ -847,10 +875,26 @@ def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff"):
         return lambda ops, t_ops, certified: [jnp.zeros(out_avals[i].shape, out_avals[i].dtype)
                                               for i in out_idx]
     if p > options.fallback_max_size or out_size * p > budget:
-        def refused(ops, t_ops, certified):
-            nan = nan_like([(out_avals[i].shape, out_avals[i].dtype) for i in out_idx], t_ops)
-            return [jnp.where(certified, jnp.zeros_like(v), v) for v in nan]
-        return refused
+        def along(ops, t_ops):
+            # Forward mode through the loop's iterations along these tangents: the
+            # loop's own derivative, as JAX computes it.
+            def g_hot(*hv):
+                full = list(ops)
+                for j, v in zip(hot, hv):
+                    full[j] = v
+                return loop_outs(*full)
+            return list(jax.jvp(g_hot, tuple(ops[j] for j in hot), tuple(t_ops))[1])
+
+        def refused_transpose(ops, cts):
+            # Reverse mode would need the loop's Jacobian (too large) or its
+            # iterates (not stored): NaN, never a different number.
+            return [jnp.full(jnp.shape(ops[j]), jnp.nan, op_avals[j].dtype) for j in hot]
+
+        def too_large(ops, t_ops, certified):
+            outs = jax.custom_derivatives.linear_call(along, refused_transpose, list(ops),
+                                                      list(t_ops))
+            return [jnp.where(certified, jnp.zeros_like(v), v) for v in outs]
+        return too_large
     jac = dense(jacobian_of(loop_outs), options.depth - 1, out_size * p)
 
     def tangent(ops, t_ops, certified):
