@@ -27,12 +27,16 @@ convergence, has ``x*``'s tangent; a carried convergence gap has a zero tangent.
 
 The derivative is the loop's own.  The implicit one is used only where a
 run-time certificate bounds its gap to the loop's by ``TANGENT_RTOL`` (see
-``_certificate``: the loop converged, the iteration count against J's
-contraction rate, the distance travelled).  Otherwise the derivative is formed
-from the loop's Jacobian by forward mode through its iterations (so reverse mode
-works where JAX refuses), or is NaN, in every mode, when the loop's operands
-exceed ``fallback-max-size`` elements -- never a different number.  Loops with
-complex values are left alone (the solve assumes a real Jacobian).
+``_certificate``: the loop converged, and a probe of the tangent map carried
+along the iterates the loop visited -- in the derivative path only, see
+``_probing_loop`` -- with J's rate at the fixed point bounds the gap).  Otherwise
+the derivative is formed from the loop's Jacobian by forward mode through its
+iterations (so reverse mode works where JAX refuses); when the loop's operands
+exceed ``fallback-max-size`` elements, forward mode runs through the iterations
+along the given tangents and reverse mode is NaN -- never a different number.
+Loops with complex values are left alone (the solve assumes a real Jacobian);
+so are loops calling a ``custom_vjp`` rule (no forward mode: run ``vjp-to-jvp``
+first), and any loop whose rule cannot be built, each with its reason.
 
 Every other loop -- explicit time stepping ``while t < T``, growth loops
 ``while x < 10``, counted loops -- is left alone, and the pass statistics list
@@ -128,9 +132,19 @@ class ImplicitDiff(Pass):
                 ctx.count("loops-skipped")
                 ctx.count(f"loop {position} ({where}) skipped: {match}")
                 continue
-            _replace(region, eqn, match, self, where,
-                     start_may_move=any(_may_move(region, eqn.inputs[match.carry_operand(i)])
-                                        for i in match.state))
+            reason = _custom_vjp_reason(eqn)
+            if reason is None:
+                try:
+                    _replace(region, eqn, match, self, where,
+                             start_may_move=any(_may_move(region, eqn.inputs[match.carry_operand(i)])
+                                                for i in match.state))
+                except Exception as e:  # noqa: BLE001 -- a loop the rule cannot be built for is left alone
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    reason = f"building its implicit rule failed ({type(e).__name__}: {first})"
+            if reason is not None:
+                ctx.count("loops-skipped")
+                ctx.count(f"loop {position} ({where}) skipped: {reason}")
+                continue
             ctx.count("loops-rewritten")
             changed = True
         if changed:
@@ -171,6 +185,27 @@ def _complex_reason(eqn: Equation) -> str | None:
         if jnp.issubdtype(v.aval.dtype, jnp.complexfloating):
             return "the loop carries or reads complex values (the implicit solve assumes " \
                    "a real Jacobian)"
+    return None
+
+
+def _custom_vjp_reason(eqn: Equation) -> str | None:
+    """Why a loop calling a ``custom_vjp`` rule is left alone (None when it calls
+    none).  The implicit rule linearizes the loop's update (the tangent, the
+    certificate's rate, the fallback Jacobian), and JAX has no forward mode
+    through a custom_vjp; ``vjp-to-jvp`` first turns such rules into custom_jvp."""
+    todo = [sub for _, _, sub in eqn.regions()]
+    seen: set[int] = set()
+    while todo:
+        region = todo.pop()
+        if id(region) in seen:
+            continue
+        seen.add(id(region))
+        for inner in region.equations:
+            if inner.prim.name == "custom_vjp_call":
+                name = inner.params.get("name", "") or "a custom_vjp function"
+                return (f"the loop calls the custom_vjp rule {name} (no forward-mode "
+                        "derivative; run vjp-to-jvp before implicit-diff)")
+            todo.extend(sub for _, _, sub in inner.regions())
     return None
 
 
@@ -314,6 +349,103 @@ def _counting_loop(loop: FixedPointLoop, op_avals, name: str):
     return _closed(counting, op_avals, name)
 
 
+def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
+    """The counting loop that also runs a probe of the loop's tangent map:
+    ``(operands) -> (results..., count, log bound)``.
+
+    The loop's tangent follows ``t_(k+1) = J_k t_k + b_k`` with ``J_k``, ``b_k``
+    at the iterate ``x_k``; its gap to ``t*`` (the implicit tangent at ``x*``) is
+    ``e_K = P_(0,K) e_0 + sum_k P_(k+1,K) delta_k``, with ``P_(i,K)`` the product
+    ``J_(K-1) ... J_i`` and ``delta_k = (J_k - J*) t* + b_k - b*`` of the size of
+    ``|x_k - x*| <= sum_(j >= k) |x_(j+1) - x_j|`` (relative to the iterate's
+    scale).  A probe ``v <- J_k v`` (normalized, its log growth ``g`` summed)
+    gives ``|P_(i,K)| ~ G_K / G_i``; then ``sum_k P_(k+1,K) |x_k - x*| <= G_K W``
+    with ``W = sum_j |x_(j+1) - x_j| sum_(k <= j) 1 / G_(k+1)``, accumulated as
+    the loop runs.  The bound is ``log(G_K (1 + W / scale))``: the start's part
+    and the path's.  Unlike a rate measured at ``x*``, it sees Jacobians along
+    the path far from the final one.  A vmapped loop's finished elements keep
+    their carries (and so their tangents): the probe keeps theirs too."""
+    cond_n, body_n = loop.cond_n, loop.body_n
+    test_shape = loop.cond_jaxpr.outvars[0].aval.shape
+    state = list(loop.state)
+    n_carry = loop.n_carry
+
+    def largest(xs):
+        return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0)
+                                              .astype(jnp.float32) for x in xs])
+
+    def size(xs):
+        return jnp.sqrt(sum(jnp.sum(jnp.abs(x).astype(jnp.float32) ** 2) for x in xs))
+
+    def probing(*ops):
+        cond_consts, body_consts = ops[:cond_n], ops[cond_n:cond_n + body_n]
+        carry0 = list(ops[cond_n + body_n:])
+
+        def test(carries):
+            (ran,) = jx.eval_jaxpr(loop.cond_jaxpr, (), *cond_consts, *carries)
+            return ran
+
+        def keep(running, new, old):
+            if not test_shape:
+                return new
+            return jnp.where(running.reshape(test_shape + (1,) * (jnp.ndim(new) - len(test_shape))),
+                             new, old)
+
+        def step(c):
+            carries, count, v, log_g, log_h, log_w, recent, since = c
+            running = test(carries)
+
+            def body_of_state(*xs):
+                full = list(carries)
+                for i, x in zip(state, xs):
+                    full[i] = x
+                return list(jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *full))
+
+            new, t_new = jax.jvp(body_of_state, tuple(carries[i] for i in state), tuple(v))
+            new = [keep(running, n, o) for n, o in zip(new, carries)]
+            w = [keep(running, t_new[i], vi) for i, vi in zip(state, v)]
+            norm = size(w)
+            log_g = log_g + jnp.log(jnp.maximum(norm, 1e-30))
+            # A probe J annihilates (J = 0 at the start, say) starts again: the
+            # products through that step are ~0, those after it are measured.
+            dead = norm <= 1e-30
+            v = [jnp.where(dead, v0, wi / jnp.maximum(norm, 1e-30).astype(wi.dtype))
+                 for wi, v0 in zip(w, v_start)]
+            moved = largest([new[i].astype(jnp.float32) - carries[i].astype(jnp.float32)
+                             for i in state])
+            log_h = jnp.logaddexp(log_h, -log_g)
+            log_w = jnp.logaddexp(log_w, jnp.log(jnp.maximum(moved, 1e-30)) + log_h)
+            # The last RATE_STEPS growths: a power iteration along the final
+            # iterates (J_k -> J at x*), which the certificate's rate reuses.
+            recent = recent.at[since % RATE_STEPS].set(jnp.log(jnp.maximum(norm, 1e-30)))
+            since = jnp.where(dead, 0, since + 1)
+            return (new, count + running.astype(jnp.int32), v, log_g, log_h, log_w, recent,
+                    since)
+
+        x0 = [carry0[i] for i in state]
+        keys = jax.random.split(jax.random.key(20261124), len(x0))
+        v = [jax.random.normal(k, jnp.shape(x), jnp.float32).astype(jnp.result_type(x))
+             for k, x in zip(keys, x0)]
+        start = jnp.maximum(size(v), 1e-30)
+        v = v_start = [vi / start.astype(vi.dtype) for vi in v]
+        minus_inf = jnp.float32(-jnp.inf)
+        init = (carry0, jnp.zeros(test_shape, jnp.int32), v, jnp.float32(0.0), minus_inf,
+                minus_inf, jnp.zeros(RATE_STEPS, jnp.float32), jnp.int32(0))
+        carries, count, _, log_g, _, log_w, recent, since = lax.while_loop(
+            lambda c: jnp.any(test(c[0])), step, init)
+        scale = 1.0 + largest([carries[i] for i in state])
+        bound = log_g + jnp.logaddexp(0.0, log_w - jnp.log(scale))
+        bound = jnp.where(jnp.isnan(bound), jnp.inf, bound)
+        # The mean log growth of the last RATE_STEPS steps; NaN when the loop ran
+        # fewer since the probe last started (the certificate then runs its own
+        # power iteration at x*).
+        log_rate = jnp.where(since >= RATE_STEPS, jnp.mean(recent), jnp.nan)
+        assert len(carries) == n_carry
+        return [*carries, count, jnp.stack([bound, log_rate]).astype(jnp.float32)]
+
+    return _closed(probing, op_avals, name)
+
+
 def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDiff,
                        where: str, start_may_move: bool) -> dict:
     """First-order ``custom_jvp_call`` params: the primal is the loop (counting its
@@ -331,16 +463,30 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
     tangent = _tangent_map(loop, _Solver(options, state_size), op_avals,
                            [v.aval for v in eqn.outputs], loop_fn, options, start_may_move)
     t_avals = [jx.to_cotangent_aval(a) for a in op_avals if _inexact(a)]
-    primal = functools.partial(jx.eval_jaxpr, call.jaxpr, ())
+    # The derivative path runs the loop with a probe of its tangent map (see
+    # _probing_loop); plain evaluation runs the counting loop.  Levels below the
+    # outermost hand the probe's bound up as an extra result.
+    probing = _probing_loop(loop, op_avals, f"{info.name}_probe")
+    primal = functools.partial(jx.eval_jaxpr, probing.jaxpr, ())
     rule = None
     for level in range(options.depth):
-        def jvp(*args, primal=primal):
-            ops, t_ops = args[:len(op_avals)], args[len(op_avals):]
+        outermost = level == options.depth - 1
+
+        def jvp(*args, primal=primal, outermost=outermost):
+            ops, t_ops = list(args[:len(op_avals)]), list(args[len(op_avals):])
             outs = list(primal(*ops))
-            return [*outs, *tangent(list(ops), outs[:-1], outs[-1], list(t_ops))]
+            results, count, path = outs[:-2], outs[-2], outs[-1]
+            tangents = tangent(ops, results, count, path, t_ops)
+            if outermost:
+                return [*results, count, *tangents]
+            # The bound is not differentiated: a zero tangent, linear in the inputs'.
+            link = functools.reduce(jnp.add, [0.0 * jnp.sum(t).astype(jnp.float32)
+                                              for t in t_ops], jnp.float32(0.0))
+            return [*results, count, path, *tangents, jnp.zeros_like(path) + link]
 
         jvp_closed = _closed(jvp, [*op_avals, *t_avals], f"{info.name}_jvp")
-        rule = JVPRule(info=info, call=call, jvp=jvp_closed, num_consts=0)
+        rule = JVPRule(info=info, call=call if outermost else probing, jvp=jvp_closed,
+                       num_consts=0)
         # Level k+1 computes the fixed point with level k's rule, so that its
         # derivatives (a Hessian, a jvp of a gradient) are implicit as well.
         primal = build_custom_jvp(rule)
@@ -412,7 +558,7 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
     if start_may_move and not start_term:
         certified = _never(certified)
 
-    def implicit(ops, outs, count, t_ops):
+    def implicit(ops, outs, count, t_ops, ok):
         it = iter(t_ops)
         t_of = {j: next(it) for j, inexact in enumerate(op_inexact) if inexact}
         theta_vals = [ops[j] for j in theta_ops]
@@ -437,17 +583,20 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
                                tuple(t_of[theta_ops[k]] for k in hot))
             else:
                 b = [jnp.zeros(jnp.shape(x), jnp.result_type(x)) for x in x_star]
-            b = [bi + link.astype(bi.dtype) for bi in b]
+            b = [jnp.where(ok, bi, jnp.zeros_like(bi)) + link.astype(bi.dtype) for bi in b]
             _, f_x = jax.linearize(lambda *xs: f_eval(theta_vals, list(xs)), *x_star)
 
             def matvec(t):
-                return [ti - ji for ti, ji in zip(t, f_x(*t))]
+                # I - J where certified, I elsewhere (J masked on both sides, so
+                # neither its primal NaNs nor its transpose reach the solve).
+                inner = f_x(*[jnp.where(ok, ti, jnp.zeros_like(ti)) for ti in t])
+                return [ti - jnp.where(ok, ji, jnp.zeros_like(ji)) for ti, ji in zip(t, inner)]
 
             t_x = lax.custom_linear_solve(matvec, list(b), solver, solver)
             if start_term:
                 t_0 = [t_of[j] if j in t_of else jnp.zeros_like(x)
                        for j, x in zip(state_init, x_star)]
-                t_x = _add_start_term(f_x, x_star, count, t_x, t_0)
+                t_x = _add_start_term(f_x, x_star, count, t_x, t_0, ok)
         result = []
         for i, aval in enumerate(out_avals):
             if not _inexact(aval):
@@ -462,23 +611,31 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
                 result.append(jnp.zeros(aval.shape, aval.dtype))
         return result
 
-    def tangent(ops, outs, count, t_ops):
+    def tangent(ops, outs, count, path, t_ops):
         if not t_ops:
-            return implicit(ops, outs, count, t_ops)
-        ok = certified(ops, outs, count)
-        return lax.cond(ok, implicit, lambda o, r, k, t: fallback(o, t), ops, outs, count,
-                        t_ops)
+            return implicit(ops, outs, count, t_ops, jnp.bool_(True))
+        ok = certified(ops, outs, count, path)
+        # Each derivative gets the tangents only where it is chosen (and masks its
+        # output): no tangent passes through a lax.cond, whose batched form (a
+        # vmapped program's differing predicates) JAX cannot transpose; and a
+        # derivative not chosen sees zero tangents in both modes, so its NaNs (a
+        # loop that did not converge) never reach the other.
+        t_imp = [jnp.where(ok, t, jnp.zeros_like(t)) for t in t_ops]
+        t_fb = [jnp.where(ok, jnp.zeros_like(t), t) for t in t_ops]
+        near = implicit(ops, outs, count, t_imp, ok)
+        loop_own = fallback(ops, t_fb, ok)
+        return [jnp.where(ok, a, b) for a, b in zip(near, loop_own)]
 
     return tangent
 
 
 def _never(certified):
-    def never(ops, outs, count):
-        return jnp.bool_(False) & certified(ops, outs, count)
+    def never(ops, outs, count, path):
+        return jnp.bool_(False) & certified(ops, outs, count, path)
     return never
 
 
-def _add_start_term(f_x, x_star, count, t_x, t_0):
+def _add_start_term(f_x, x_star, count, t_x, t_0, ok):
     """``t* + J^K (t_0 - t*)``: the dense ``J`` raised to the loop's count by
     squaring (a scan over the count's bits, so JAX differentiates and transposes
     it; bits above the count's highest skip their products)."""
@@ -500,6 +657,7 @@ def _add_start_term(f_x, x_star, count, t_x, t_0):
         return (power, square), None
 
     (power, _), _ = lax.scan(bit, (jnp.eye(n, dtype=j_mat.dtype), j_mat), jnp.arange(31))
+    power = jnp.where(ok, power, jnp.zeros_like(power))
     gap = ravel_pytree([a - b for a, b in zip(t_0, t_x)])[0]
     flat_t = ravel_pytree(list(t_x))[0] + power @ gap.astype(power.dtype)
     return [v.astype(jnp.result_type(x)) for v, x in zip(unravel(flat_t), t_x)]
@@ -507,12 +665,12 @@ def _add_start_term(f_x, x_star, count, t_x, t_0):
 
 #: The certificate's bound on how far the loop's derivative can be from the
 #: implicit one, relative.  The loop's tangent follows ``t <- J_k t + b_k`` with
-#: ``J_k``, ``b_k`` at its iterates; its gap to ``t*`` is ``J^K (t_0 - t*)``
-#: (the start, see ``_tangent_map``) plus the iterates' distance to ``x*``
-#: carried into ``J_k`` and ``b_k``, which sums to about ``K s^(K-1)`` times the
-#: distance the loop travelled (``s``: J's contraction rate, estimated by
-#: ``_rate_estimate``): the certificate asks
-#: ``K s^(K-1) max(1, |x_0 - x_K| / scale) <= TANGENT_RTOL``.  A loop stopped
+#: ``J_k``, ``b_k`` at its iterates; its gap to ``t*`` is the start's part
+#: ``P_(0,K) (t_0 - t*)`` plus the iterates' distance to ``x*`` carried into
+#: ``J_k`` and ``b_k`` (``_probing_loop`` bounds both with the Jacobians met
+#: along the path, times ``PATH_MARGIN``); the start's part is also bounded by
+#: ``s^K max(1, |x_0 - x_K| / scale)`` with ``s`` J's rate at ``x*``
+#: (``_rate_estimate``), for a slow mode the path's probe barely meets.  A loop stopped
 #: earlier -- a fast component converged while a slow one started at its own
 #: fixed point, a tolerance loose for its rate -- keeps its own derivative.
 #: Higher derivatives of the loop approach the fixed point's more slowly (about
@@ -525,12 +683,22 @@ TANGENT_RTOL = 1e-5
 #: ``|f(x) - x| / (1 - s)`` (the last step over one minus the rate).
 FIXED_POINT_RTOL = 1e-3
 
+#: The factor on the probe's measured growth in the certificate's bound: the
+#: constants in ``delta_k`` (second derivatives of the update against the
+#: tangent's size, which a cancellation in ``t*`` makes large) are unknown.
+PATH_MARGIN = 10.0
+
+#: The margin on a measured rate (a power iteration's mean growth approaches the
+#: spectral radius from below).
+RATE_MARGIN = 1.05
+
 #: Power-iteration steps for the estimate of J's contraction rate (``_rate_estimate``).
 RATE_STEPS = 20
 
 
 def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
-    """``certified(operands, results, count) -> bool`` from primals: the loop ran,
+    """``certified(operands, results, count, path) -> bool`` from primals (``path``:
+    the log bound of ``_probing_loop``): the loop ran,
     its convergence test (the cap left out) passed on the carries it stopped with,
     the final iterate is finite, ``J`` contracts at it (rate below 1: ``I - J``
     is invertible and the fixed point unique nearby), the distance to the fixed point is
@@ -545,10 +713,7 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
         return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0)
                                               .astype(jnp.float32) for x in xs])
 
-    def certified(ops, outs, count):
-        ops = [lax.stop_gradient(o) if _inexact(a) else o for o, a in zip(ops, op_avals)]
-        outs = [lax.stop_gradient(o) if jnp.issubdtype(jnp.result_type(o), jnp.inexact) else o
-                for o in outs]
+    def certified(ops, outs, count, path):
         cond_consts = ops[:cond_n]
         (ran,) = jx.eval_jaxpr(loop.cond_jaxpr, (), *cond_consts, *ops[cond_n + body_n:])
         ok = jnp.all(jnp.asarray(ran, bool))
@@ -568,18 +733,34 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
             ok = ok & (passed | (residual <= 64.0 * eps * scale))
         for x in x_now:
             ok = ok & jnp.all(jnp.isfinite(x))
-        rate = _rate_estimate(lambda xs: f_eval(theta_vals, xs), x_now)
+        # J's rate at x*: the probe's last RATE_STEPS growths when the loop ran
+        # that many (the same power iteration, along the final iterates), else a
+        # power iteration at x*.
+        probe_log_rate = path[1]
+        rate = lax.cond(jnp.isnan(probe_log_rate),
+                        lambda: _rate_estimate(lambda xs: f_eval(theta_vals, xs), x_now),
+                        lambda: RATE_MARGIN * jnp.exp(probe_log_rate))
+        path = path[0]
         ok = ok & (rate < 1.0)
         distance = residual / jnp.maximum(1.0 - rate, 1e-30)
         ok = ok & (distance <= jnp.maximum(FIXED_POINT_RTOL, 64.0 * eps) * scale)
-        # The gap between the loop's tangent and t* (see TANGENT_RTOL), in logs.
+        # The gap between the loop's tangent and t* (see TANGENT_RTOL), in logs,
+        # bounded with the Jacobians at the iterates the loop visited (the probe
+        # of _probing_loop), not extrapolated from J at x*: a path through
+        # regions where |df/dx| is far above its final rate keeps the loop's own
+        # derivative.
+        ok = ok & (path + float(np.log(PATH_MARGIN)) <= float(np.log(TANGENT_RTOL)))
+        # The start's part with every J_k taken as J at x*, at the rate the power
+        # iteration measured there (s^K times the distance travelled): a slow
+        # mode the path's random probe barely meets (its component there is
+        # about 1/sqrt(n)) still counts.
         steps = jnp.maximum(jnp.min(jnp.asarray(count)), 1).astype(jnp.float32)
         x_init = [ops[loop.carry_operand(i)] for i in loop.state]
         travelled = largest([a.astype(jnp.float32) - b.astype(jnp.float32)
                              for a, b in zip(x_init, x_now)]) / scale
-        gap = (jnp.log(steps) + (steps - 1.0) * jnp.log(jnp.maximum(rate, 1e-30))
-               + jnp.log(jnp.maximum(travelled, 1.0)))
-        return ok & (gap <= float(np.log(TANGENT_RTOL)))
+        at_x_star = (steps * jnp.log(jnp.maximum(rate, 1e-30))
+                     + jnp.log(jnp.maximum(travelled, 1.0)))
+        return ok & (at_x_star <= float(np.log(TANGENT_RTOL)))
 
     return certified
 
@@ -610,16 +791,19 @@ def _rate_estimate(f, x_star) -> jax.Array:
     start = size(v)
     v = [vi / start.astype(vi.dtype) for vi in v]
     _, log_growth = lax.fori_loop(0, RATE_STEPS, step, (v, jnp.float32(0.0)))
-    return 1.05 * jnp.exp(log_growth / RATE_STEPS)
+    return RATE_MARGIN * jnp.exp(log_growth / RATE_STEPS)
 
 
 def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff"):
-    """``tangent(operands, operand tangents)``: the derivative of the loop as it
+    """``tangent(operands, operand tangents, certified)``: the derivative of the loop as it
     ran, ``J . t`` with ``J`` its Jacobian computed from primals by forward mode
     (vmapped over a basis of the operands), so the result is linear in ``t`` and
     transposes.  ``J`` is a custom_jvp whose derivative is again a dense
     contraction, ``depth`` levels deep, so reverse mode over it never meets the
-    while_loop.  Operands larger than ``fallback_max_size`` elements give NaN."""
+    while_loop.  Operands larger than ``fallback_max_size`` elements: forward
+    mode through the iterations along ``t`` (a ``linear_call``), whose
+    transpose is NaN.  ``certified`` (a primal bool) zeroes the result where the
+    implicit derivative is used, and skips the Jacobian there."""
     hot = [j for j, a in enumerate(op_avals) if _inexact(a)]
     sizes = [int(np.prod(op_avals[j].shape)) for j in hot]
     p = sum(sizes)
@@ -688,13 +872,42 @@ def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff"):
         return wrapped
 
     if p == 0:
-        return lambda ops, t_ops: [jnp.zeros(out_avals[i].shape, out_avals[i].dtype)
-                                   for i in out_idx]
+        return lambda ops, t_ops, certified: [jnp.zeros(out_avals[i].shape, out_avals[i].dtype)
+                                              for i in out_idx]
     if p > options.fallback_max_size or out_size * p > budget:
-        return lambda ops, t_ops: nan_like([(out_avals[i].shape, out_avals[i].dtype)
-                                            for i in out_idx], t_ops)
+        def along(ops, t_ops):
+            # Forward mode through the loop's iterations along these tangents: the
+            # loop's own derivative, as JAX computes it.
+            def g_hot(*hv):
+                full = list(ops)
+                for j, v in zip(hot, hv):
+                    full[j] = v
+                return loop_outs(*full)
+            return list(jax.jvp(g_hot, tuple(ops[j] for j in hot), tuple(t_ops))[1])
+
+        def refused_transpose(ops, cts):
+            # Reverse mode would need the loop's Jacobian (too large) or its
+            # iterates (not stored): NaN, never a different number.
+            return [jnp.full(jnp.shape(ops[j]), jnp.nan, op_avals[j].dtype) for j in hot]
+
+        def too_large(ops, t_ops, certified):
+            outs = jax.custom_derivatives.linear_call(along, refused_transpose, list(ops),
+                                                      list(t_ops))
+            return [jnp.where(certified, jnp.zeros_like(v), v) for v in outs]
+        return too_large
     jac = dense(jacobian_of(loop_outs), options.depth - 1, out_size * p)
-    return lambda ops, t_ops: contract(jac(*ops), t_ops)
+
+    def tangent(ops, t_ops, certified):
+        # The Jacobian only where the implicit derivative is not used (a cond on
+        # primals; the contraction with the tangents is outside it).
+        shapes = [jax.ShapeDtypeStruct(out_avals[i].shape + (p,), out_avals[i].dtype)
+                  for i in out_idx]
+        jacs = lax.cond(certified,
+                        lambda *o: [jnp.zeros(s.shape, s.dtype) for s in shapes],
+                        lambda *o: [j.astype(s.dtype) for j, s in zip(jac(*o), shapes)],
+                        *ops)
+        return contract(jacs, t_ops)
+    return tangent
 
 
 class _Solver:
