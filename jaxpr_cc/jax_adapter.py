@@ -1173,3 +1173,18 @@ def check_custom_vjp_nondiff_args(args, nondiff_argnums) -> None:
     does before anything else."""
     for i in nondiff_argnums:
         _cd._check_for_tracers(args[i])
+
+
+# ---------------------------------------------------------------------------
+# --- forward_only staged as first-order rules (closure/rules.py) -----------
+def subjaxprs_of(eqn) -> list:
+    """The jaxprs in one jaxpr equation's params (not descending into them)."""
+    out = []
+    for value in eqn.params.values():
+        for v in (value if isinstance(value, (tuple, list)) else (value,)):
+            if isinstance(v, ClosedJaxpr):
+                out.append(v.jaxpr)
+            elif isinstance(v, Jaxpr):
+                out.append(v)
+    return out
+# ---------------------------------------------------------------------------
