@@ -1232,3 +1232,18 @@ def input_effects_on(effs, binders: Sequence[Any]):
             if isinstance(e, JaxprInputEffect) and isinstance(e.input, int)
             and 0 <= e.input < len(binders) else e
             for e in effs}
+
+
+# ---------------------------------------------------------------------------
+# --- forward_only staged as first-order rules (closure/rules.py) -----------
+def subjaxprs_of(eqn) -> list:
+    """The jaxprs in one jaxpr equation's params (not descending into them)."""
+    out = []
+    for value in eqn.params.values():
+        for v in (value if isinstance(value, (tuple, list)) else (value,)):
+            if isinstance(v, ClosedJaxpr):
+                out.append(v.jaxpr)
+            elif isinstance(v, Jaxpr):
+                out.append(v)
+    return out
+# ---------------------------------------------------------------------------

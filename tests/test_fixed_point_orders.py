@@ -108,8 +108,8 @@ def _wrap(kind, fn, x):
     return jaxpr_cc.trace(fn, x) if kind == "trace" else jaxpr_cc.jit(fn)
 
 
-# The highest order checked.  The nested solver's third derivative needs forward mode
-# through the inner solver's custom_vjp (see the xfail below).
+# The highest order checked by the sweep (the nested solver's third derivative has
+# its own test below: it is the slowest).
 MAX_ORDER = {"explicit_argument": 3, "closed_over_parameter": 3, "nested_same_solver": 2}
 KINDS = ["trace", pytest.param("jit", marks=pytest.mark.heavy)]
 
@@ -128,11 +128,6 @@ def test_derivatives_match_the_unrolled_iteration(case, kind):
             got, want = jax.grad(got), jax.grad(want)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="the outer solve's derivative w.r.t. the closed-over b is formed by "
-                          "forward mode through its primal, which calls the inner solver's "
-                          "custom_vjp: JAX has no forward mode for it (vjp-to-jvp is not applied "
-                          "inside forward-mode columns)")
 def test_nested_same_solver_third_derivative():
     with jax.enable_x64(True):
         x = jnp.float64(0.6)

@@ -431,11 +431,6 @@ def test_diffrax_recursive_checkpoint_adjoint_forward_mode():
     np.testing.assert_allclose(np.asarray(got), -np.exp(-0.7) * np.ones(2), rtol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "regression of stop 22: the transposed adjoint of newton_sqrt closes over a value "
-    "whose derivative is formed by closure/rules.forward_only, a JAX custom_jvp that "
-    "vjp-to-jvp leaves staged with Python callables, so the rewritten program is not "
-    "first-order and cannot be saved"))
 def test_transposed_loops_are_saved_and_loaded():
     # The transposed while_loop is a first-order linear_call rule: the rewritten
     # program can be written and read back, and forward mode works after loading.

@@ -233,7 +233,21 @@ def _jacobian_columns(f, wrt):
     return columns
 
 
-def forward_only(f):
+# How many orders of a ``forward_only`` function are custom rules when it is staged
+# as a first-order rule (``levels``).  Each level's Jacobian columns are a vmapped
+# jvp of the level below, so the staged size grows about 14x per level through a
+# while_loop (newton_sqrt's adjoint: 281 equations, then 3942): one level gives a
+# closed-over value's cotangent, its jvp (a third derivative of a fixed point
+# through vjp-to-jvp) and every forward-mode order; one more reverse order runs the
+# columns' own jvp, and fails on a while_loop as JAX does.
+FORWARD_ONLY_LEVELS = 2
+# A level below the first stays a rule only while its columns (the body its own jvp
+# would differentiate once more, ~14x larger) have at most this many equations;
+# otherwise it is plain forward mode, as the last level is.
+FORWARD_ONLY_MAX_EQUATIONS = 1000
+
+
+def forward_only(f, levels: int | None = None):
     """``f`` (flat arrays -> flat inexact arrays) as a function whose derivatives of
     every order are formed by forward mode.
 
@@ -241,7 +255,15 @@ def forward_only(f):
     contracted with the tangents: linear in the tangents, so reverse mode transposes
     the contraction and never the forward-mode pass itself, which may run through a
     while_loop.  The columns are ``forward_only`` again, so the next derivative, in
-    either mode, is formed the same way: one more forward-mode pass per order."""
+    either mode, is formed the same way: one more forward-mode pass per order.
+
+    ``levels=None``: a JAX ``custom_jvp`` made level by level as JAX differentiates
+    (any order; for rules JAX runs, never staged into a program).  ``levels=k``: a
+    first-order rule (``JVPRule``) that a program can hold, save and emit: ``k``
+    levels of rules, the last level's columns plain forward mode (see
+    ``FORWARD_ONLY_LEVELS``); ``0`` is ``f`` itself."""
+    if levels is not None:
+        return _forward_only_first_order(f, levels)
     g = jax.custom_jvp(f)
 
     def jvp(primals, tangents):
@@ -261,12 +283,91 @@ def forward_only(f):
 
     g.defjvp(jvp, symbolic_zeros=True)
     # It closes over jaxprs only: a trace session leaves it to JAX, as it does the
-    # functions rebuilt from first-order rules.
+    # functions rebuilt from first-order rules.  ``closure-convert`` meeting it staged
+    # in JAX's form (each conversion would stage the next level, ~14x larger, with
+    # no end) makes it first-order instead (``forward_only_target``).
     g._jaxpr_cc_rebuilt = True
+    g._jaxpr_cc_forward_only = f
     return g
 
 
-def _forward_const_cotangents(call, consts, args, hot, cts, out_avals):
+def forward_only_target(g):
+    """The ``f`` of a ``forward_only(f)`` custom_jvp, or None."""
+    return getattr(g, "_jaxpr_cc_forward_only", None)
+
+
+def _count_equations(jaxpr, limit: int) -> int:
+    """Equations of ``jaxpr`` and the jaxprs in its params, counting up to ``limit``."""
+    seen, stack, n = set(), [jaxpr], 0
+    while stack and n <= limit:
+        j = stack.pop()
+        if id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            n += 1
+            stack.extend(jx.subjaxprs_of(eqn))
+    return n
+
+
+def _forward_only_first_order(f, levels: int, first: bool = True):
+    def apply(*xs):
+        if levels <= 0:
+            return list(f(*xs))
+        avals = [jx.typeof(x) for x in xs]
+        jaxpr, consts, out_avals = jx.trace_flat(lambda *vs: list(f(*vs)), avals,
+                                                 "forward_only")
+        if not first and _count_equations(jaxpr, FORWARD_ONLY_MAX_EQUATIONS) \
+                > FORWARD_ONLY_MAX_EQUATIONS:
+            return list(f(*xs))
+        nc = len(consts)
+        call = jx.ClosedJaxpr(jaxpr, [])
+        arg_avals = avals
+        hot = [k for k, a in enumerate(arg_avals) if is_inexact(a)]
+
+        def plain(*vs):  # f at (c, x): the jaxpr with its own constants as operands
+            return run(call, *vs)
+
+        def jvp_body(*ops):
+            c, x, t = ops[:nc], ops[nc:nc + len(arg_avals)], ops[nc + len(arg_avals):]
+            outs = g(*c, *x)
+            t_outs = [jnp.zeros(a.shape, a.dtype) for a in out_avals]
+            if hot:
+                def columns_of(*vs):
+                    return _jacobian_columns(lambda *xv: plain(*vs[:nc], *xv), hot)(*vs[nc:])
+                cols = iter(_forward_only_first_order(columns_of, levels - 1, False)(*c, *x))
+                for tangent in t:
+                    w = _direction_weights(tangent)
+                    for j in range(len(out_avals)):
+                        col = next(cols)
+                        t_outs[j] = t_outs[j] + jnp.tensordot(w.astype(col.dtype), col, axes=1)
+            return [*outs, *t_outs]
+
+        def make_jvp():
+            t_avals = [arg_avals[k].to_tangent_aval() for k in hot]
+            j, j_consts, _ = jx.trace_flat(jvp_body, [*map(jx.typeof, consts), *arg_avals,
+                                                      *t_avals], "forward_only_jvp")
+            if j_consts:  # values of f's own trace: constants of the rule body
+                return jx.ClosedJaxpr(_pe_bind_consts(j, len(j_consts)), list(j_consts))
+            return jx.ClosedJaxpr(j, [])
+
+        info = RuleInfo(name="forward_only", source="<jacobian columns>",
+                        const_names=tuple(f"const{i}" for i in range(nc)),
+                        closed_over="forward", max_forward_size=1 << 62, reverse_ok=False)
+        rule = JVPRule(info=info, call=call, jvp=LazyJaxpr(make_jvp), num_consts=nc)
+        g = build_custom_jvp(rule)
+        return list(g(*consts, *xs))
+    return apply
+
+
+def _pe_bind_consts(jaxpr, n: int):
+    """A jaxpr whose first ``n`` invars are its constants, with them as constvars."""
+    return jx.Jaxpr(list(jaxpr.invars[:n]), list(jaxpr.invars[n:]), jaxpr.outvars, jaxpr.eqns,
+                    jaxpr.effects, jx.fit_debug_info(jaxpr.debug_info, len(jaxpr.invars) - n,
+                                                     len(jaxpr.outvars)))
+
+
+def _forward_const_cotangents(call, consts, args, hot, cts, out_avals, levels=None):
     """Cotangents of the perturbed closed-over values by forward mode: the Jacobian's
     columns (one jvp per real direction of each value, vmapped), paired with the
     output cotangents.  Works through while_loop, where reverse mode does not; the
@@ -275,7 +376,8 @@ def _forward_const_cotangents(call, consts, args, hot, cts, out_avals):
     JAX pairs a cotangent with a tangent by ``Re(sum(ct * t))`` (no conjugate), so a
     complex value ``v`` has two directions per element, ``1`` and ``1j``, and its
     cotangent is ``pair(1) - 1j * pair(1j)``.  Each value's pairings accumulate in
-    its own real dtype (float64 under ``jax_enable_x64``).
+    its own real dtype (float64 under ``jax_enable_x64``).  ``levels``: as in
+    ``forward_only`` (an int when the result is staged into a program).
     """
     nc = len(consts)
     inexact_outs = [j for j, a in enumerate(out_avals) if is_inexact(a)]
@@ -284,7 +386,7 @@ def _forward_const_cotangents(call, consts, args, hot, cts, out_avals):
         got = run(call, *ops)
         return [got[j] for j in inexact_outs]
 
-    cols = iter(forward_only(_jacobian_columns(outputs, list(hot)))(*consts, *args))
+    cols = iter(forward_only(_jacobian_columns(outputs, list(hot)), levels)(*consts, *args))
     out = []
     for i in hot:
         value = consts[i]

@@ -21,7 +21,8 @@ from .. import jax_adapter as jx
 from ..closure import naming
 from ..closure.errors import ClosureConversionError
 from ..closure.ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
-from ..closure.rules import RuleInfo, is_inexact
+from ..closure.rules import (FORWARD_ONLY_LEVELS, RuleInfo, forward_only, forward_only_target,
+                             is_inexact)
 from ..closure.session import (_dedupe, _insert_inputs, _variant_patterns, _with_consts,
                                session)
 from ..ir.clone import clone_function
@@ -406,7 +407,34 @@ def _replace_equation(region: Region, eqn: Equation, inputs, params) -> None:
     region.erase(eqn)
 
 
+def _convert_forward_only(region: Region, eqn: Equation) -> dict | None:
+    """A ``closure.rules.forward_only`` custom_jvp staged in JAX's form, as the
+    first-order rule ``forward_only(f, FORWARD_ONLY_LEVELS)``; None when ``eqn`` is
+    not one.  Tracing its JAX jvp would stage the next level in JAX's form again,
+    each ~14x larger than the last, without end."""
+    holder = jx.find_tagged_function(eqn.params["jvp_jaxpr_fun"], "_jaxpr_cc_forward_only")
+    if holder is None or eqn.params["num_consts"]:
+        return None
+    target = forward_only_target(holder)
+    avals = [a.aval for a in eqn.inputs]
+    jaxpr, consts, _ = _trace("jvp", eqn.params["jvp_jaxpr_fun"],
+                              lambda *xs: forward_only(target, FORWARD_ONLY_LEVELS)(*xs),
+                              avals, "forward_only")
+    made = [e for e in jaxpr.eqns if e.primitive.name == "custom_jvp_call"]
+    if consts or len(jaxpr.eqns) != 1 or len(made) != 1:
+        return None
+    staged = region_from_closed_jaxpr(jx.ClosedJaxpr(jaxpr, []))
+    new = next(e for e in staged.equations if e.prim.name == "custom_jvp_call")
+    if not is_first_order_custom("custom_jvp_call", new.params):
+        return None
+    params = dict(new.params)
+    _replace_equation(region, eqn, list(eqn.inputs), params)
+    return params
+
+
 def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_size: int):
+    if _convert_forward_only(region, eqn) is not None:
+        return None
     p = eqn.params
     nc = p["num_consts"]
     ops = list(eqn.inputs)

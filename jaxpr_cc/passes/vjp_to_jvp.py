@@ -419,7 +419,7 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
     """
     import jax
 
-    from ..closure.rules import _forward_const_cotangents
+    from ..closure.rules import FORWARD_ONLY_LEVELS, _forward_const_cotangents
     in_avals, y_avals = list(call.in_avals), list(call.out_avals)
     c_avals, x_avals = in_avals[:nc], in_avals[nc:]
     nx, ny = len(x_avals), len(y_avals)
@@ -470,7 +470,9 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
             # Outputs whose cotangent is a symbolic zero add nothing (no forward column).
             nonzero = iter(v if nz else None for v, nz in zip(ct, ct_pattern))
             cts = [next(nonzero) if inexact else None for inexact in y_inexact]
-            ct_c = _forward_const_cotangents(call, list(c), list(x), hot_c, cts, y_avals)
+            # Staged into the program: first-order (savable) forward-mode columns.
+            ct_c = _forward_const_cotangents(call, list(c), list(x), hot_c, cts, y_avals,
+                                             levels=FORWARD_ONLY_LEVELS)
             return [*ct_c, *ct_x]
         return transpose
 
