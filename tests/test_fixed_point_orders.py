@@ -128,6 +128,7 @@ def test_derivatives_match_the_unrolled_iteration(case, kind):
             got, want = jax.grad(got), jax.grad(want)
 
 
+@pytest.mark.heavy  # about 90 s: three reverse orders through two nested solvers
 def test_nested_same_solver_third_derivative():
     with jax.enable_x64(True):
         x = jnp.float64(0.6)
