@@ -12,6 +12,13 @@ their own bodies were simplified); values never cross regions.
 Effectful, random-bit-generating and callback equations -- or equations whose
 regions contain one -- are never merged (``passes.effects``), nor are custom_vjp
 calls (each call's bwd runs on its own cotangents).
+
+Nor are two equations whose results feed different sharding requests downstream
+(a ``with_sharding_constraint``, a ``shard_map``'s in_specs, a jit's in_shardings,
+reached directly or through other equations of the region): XLA propagates a
+request backwards to the producer, so under jax.jit the two copies get different
+layouts, and one merged copy would hand the request's layout to the other's readers
+as well (an unconstrained output would come back resharded).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from .base import Pass, PassContext, register_pass
 from .effects import CALLBACK_PRIMITIVES, RANDOM_PRIMITIVES, EffectOracle
 from .signature import merge_into
 from ..ir.structural_key import KeyMaker
+from ..jax_adapter import operand_sharding_requests
 
 
 # Two calls of one custom_vjp are not one call: JAX runs the user's bwd once per
@@ -85,6 +93,7 @@ class _CSE:
         literal = keys.literal
         plain_params = keys.plain_params
         blocked_prims: dict = {}  # Primitive -> whether its name is in ``blocked``
+        requests = _downstream_requests(region)
         for eqn in region.equations:
             prim = eqn.prim
             params = eqn.params
@@ -106,10 +115,14 @@ class _CSE:
             # identity; Literals do not hash at all, so an equation with a literal
             # operand takes the slower path that keys literals by dtype and bits.
             key = (prim, pkey, tuple(eqn.inputs))
+            if requests:
+                key += (tuple(requests.get(o, _NONE) for o in eqn.outputs),)
             try:
                 first = seen.get(key)
             except TypeError:
                 key = (prim, pkey, tuple([a if type(a) is Value else literal(a) for a in eqn.inputs]))
+                if requests:
+                    key += (tuple(requests.get(o, _NONE) for o in eqn.outputs),)
                 first = seen.get(key)
             if first is None:
                 seen[key] = eqn
@@ -117,3 +130,47 @@ class _CSE:
             merge_into(region, eqn, first)
             merged += 1
         return merged
+
+
+_NONE: frozenset = frozenset()
+
+
+def _downstream_requests(region: Region) -> dict:
+    """Value -> the set of sharding requests its value reaches, directly or through
+    the equations of ``region`` that read it (empty when the region makes none)."""
+    direct = []
+    for eqn in region.equations:
+        req = operand_sharding_requests(eqn)
+        if req is not None:
+            direct.append((eqn, req))
+    if not direct:
+        return {}
+    out: dict = {}
+    for eqn, req in direct:
+        for atom, r in zip(eqn.inputs, req):
+            if r is not None and type(atom) is Value:
+                try:
+                    hash(r)
+                except TypeError:  # an unhashable request: distinct from every other
+                    r = ("request", id(eqn))
+                out[atom] = out.get(atom, _NONE) | {r}
+    # Backwards over the region: an equation's operands reach every request its
+    # results reach.  Reverse program order visits readers before producers when
+    # the order is topological; a fixed point covers any other order.
+    eqns = list(region.equations)
+    changed = True
+    while changed:
+        changed = False
+        for eqn in reversed(eqns):
+            reached = _NONE
+            for o in eqn.outputs:
+                reached = reached | out.get(o, _NONE)
+            if not reached:
+                continue
+            for atom in eqn.inputs:
+                if type(atom) is Value:
+                    have = out.get(atom, _NONE)
+                    if not reached <= have:
+                        out[atom] = have | reached
+                        changed = True
+    return out
