@@ -21,7 +21,9 @@ from jax import tree_util
 from ..ir.calling_convention import check_argument_types
 from ..ir.program import Program
 from .. import jax_adapter as jx
-from ..jax_adapter import compiled_fast_call, jaxpr_as_fun, named_sharding_from_hlo
+from ..jax_adapter import (closed_over_ref_inputs, compiled_argument_shardings,
+                           compiled_fast_call, compiled_result_shardings, jaxpr_as_fun,
+                           named_sharding_from_hlo)
 from . import xla_archive
 from .xla_archive import LoadError, SaveError
 
@@ -540,10 +542,10 @@ class Executable:
     def _flat_input_shardings(self) -> list:
         # The compiled function takes flat inputs: input_shardings is ((s0, s1, ...), {}),
         # with None for inputs XLA found unused.
-        return list(self._compiled.input_shardings[0])
+        return compiled_argument_shardings(self._compiled)
 
     def _flat_output_shardings(self) -> list:
-        return self.out_tree.flatten_up_to(self._compiled.output_shardings)
+        return compiled_result_shardings(self._compiled)
 
     @property
     def input_shardings(self):
@@ -558,7 +560,7 @@ class Executable:
     @property
     def output_shardings(self):
         """Sharding of each result leaf, in the result's pytree."""
-        return self._compiled.output_shardings
+        return tree_util.tree_unflatten(self.out_tree, self._flat_output_shardings())
 
     @property
     def devices(self) -> list:
@@ -607,6 +609,10 @@ def save_executable(exe: Executable, path: str) -> None:
         raise SaveError(f"{where}: argument leaf {refs[0]} is a jax.Ref "
                         f"({exe.arg_avals[refs[0]]}), which jax.export cannot serialize; "
                         f"pass its value as an array and return the new value instead")
+    if exe.program is not None and closed_over_ref_inputs(exe._compiled):
+        raise SaveError(f"{where}: the function closes over a jax.Ref, which jax.export "
+                        f"cannot serialize; pass the Ref's value as an argument and return "
+                        f"the new value instead")
     in_tree = xla_archive.encode_treedef(exe.in_tree, f"{where}: arguments")
     out_tree = xla_archive.encode_treedef(exe.out_tree, f"{where}: results")
     in_s = exe._flat_input_shardings()
