@@ -95,7 +95,65 @@ def cases(out_dir: Path):
             problems.append(f"equal requests: cse left {prims.count('mul')} multiplications")
         return problems
 
+    def exec_places_host_inputs_of_a_sharded_program():
+        # `jaxpr-cc exec PROGRAM` reads host arrays: a program traced on sharded
+        # arguments (here feeding a shard_map) places them as compile does.
+        import os
+        import subprocess
+        mesh = jax.make_mesh((4, 2), ("x", "y"))
+        x = jax.device_put(jnp.arange(32.).reshape(8, 4), NamedSharding(mesh, P("x", "y")))
+        sm = jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh, in_specs=P("x", "y"),
+                           out_specs=P(None, "y"))
+        f = lambda a: (sm(a), a * 2)  # noqa: E731
+        want = [np.asarray(o) for o in jax.jit(f)(x)]
+        prog = jaxpr_cc.run_passes(jaxpr_cc.trace(f, x), jaxpr_cc.DEFAULT_PIPELINE)
+        jaxpr_cc.save(prog, out_dir / "sh.jcc")
+        np.savez(out_dir / "in.npz", arg0=np.asarray(x))
+        res = subprocess.run([sys.executable, "-m", "jaxpr_cc.cli.main", "exec",
+                              str(out_dir / "sh.jcc"), "--inputs", str(out_dir / "in.npz"),
+                              "-o", str(out_dir / "out.npz")],
+                             capture_output=True, text=True, env=dict(os.environ), timeout=600)
+        if res.returncode != 0:
+            return [f"exec: rc {res.returncode}: {res.stderr.strip()[-400:]}"]
+        got = np.load(out_dir / "out.npz")
+        return [f"exec: out{i} differs from jax.jit's" for i, w in enumerate(want)
+                if not np.array_equal(got[f"out{i}"], w)]
+
+    def saved_executable_accepts_its_unused_sharded_argument():
+        # A fresh executable does not look at an argument it never reads; the one
+        # saved from it and loaded back accepts the same arguments.
+        from jaxpr_cc.backends.xla import load_executable
+        mesh = jax.make_mesh((4, 2), ("x", "y"))
+        x = jax.device_put(jnp.arange(32.).reshape(8, 4), NamedSharding(mesh, P("x", "y")))
+        y = jax.device_put(jnp.arange(8.), NamedSharding(mesh, P("x")))
+        auto = jax.make_mesh((4, 2), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+        xa = jax.device_put(jnp.arange(32.).reshape(8, 4), NamedSharding(auto, P("x", "y")))
+        ya = jax.device_put(jnp.arange(8.), NamedSharding(auto, P("x")))
+        table = [("only unused", lambda a: jnp.arange(3.), (x,)),
+                 ("unused and used", lambda a, b: b * 2, (x, y)),
+                 ("auto mesh: unused and used", lambda a, b: b * 2, (xa, ya))]
+        problems = []
+        for name, f, args in table:
+            want = jax.jit(f)(*args)
+            for how, exe in (("executable", jaxpr_cc.jit(f).executable(*args)),
+                             ("compile", jaxpr_cc.compile(jaxpr_cc.trace(f, *args)))):
+                problems += _same(exe(*args), want, f"{name} {how}: fresh")
+                path = out_dir / f"unused-{how}.jxe"
+                exe.save(path)
+                try:
+                    got = load_executable(str(path))(*args)
+                except Exception as e:  # the reproducer's failure was an exception
+                    problems.append(f"{name} {how}: loaded: {type(e).__name__}: "
+                                    f"{str(e)[:300]}")
+                    continue
+                problems += _same(got, want, f"{name} {how}: loaded")
+        return problems
+
     return {
+        "saved_executable_accepts_its_unused_sharded_argument":
+            saved_executable_accepts_its_unused_sharded_argument,
+        "exec_places_host_inputs_of_a_sharded_program":
+            exec_places_host_inputs_of_a_sharded_program,
         "hoisted_equal_constants_with_different_shardings":
             hoisted_equal_constants_with_different_shardings,
         "cse_keeps_copies_with_different_sharding_requests":
@@ -103,7 +161,9 @@ def cases(out_dir: Path):
     }
 
 
-CASE_NAMES = ("hoisted_equal_constants_with_different_shardings",
+CASE_NAMES = ("saved_executable_accepts_its_unused_sharded_argument",
+              "exec_places_host_inputs_of_a_sharded_program",
+              "hoisted_equal_constants_with_different_shardings",
               "cse_keeps_copies_with_different_sharding_requests")
 
 
