@@ -54,12 +54,15 @@ def cases(out_dir: Path):
         for mesh_name, mesh in (("explicit", explicit), ("auto", auto)):
             e1 = jax.device_put(jnp.ones(8), NamedSharding(mesh, P("x")))
             e2 = jax.device_put(jnp.ones(8), NamedSharding(mesh, P("y")))
-            fns = {"arith": lambda v: (e1 * 2, e2 * 2, v), "identity": lambda v: (e1, e2)}
+            fns = {"arith": lambda v: (e1 * 2, e2 * 2, v), "identity": lambda v: (e1, e2),
+                   # two nested jit bodies alike but for their constant's sharding
+                   "nested jits": lambda v: (jax.jit(lambda: e1 * 2)(),
+                                             jax.jit(lambda: e2 * 2)())}
             with jax.set_mesh(mesh):
                 x = jax.device_put(jnp.ones(8), NamedSharding(mesh, P("x")))
                 for name, fn in fns.items():
                     want = jax.jit(fn)(x)
-                    for pipe in ("default", "closure-convert,hoist-consts,cse"):
+                    for pipe in ("default", "closure-convert,hoist-consts,cse", "cse"):
                         jf = jaxpr_cc.jit(fn) if pipe == "default" else \
                             jaxpr_cc.jit(fn, pipeline=pipe)
                         problems += _all_same(jf(x), want, f"{mesh_name} {name} {pipe}")

@@ -1,7 +1,8 @@
 """jaxpr_cc.jit as a drop-in for jax.jit, adversary round g (issue 18): compiling
-a function that closes over a jax.Ref; the 8-device cases (hoist-consts and cse keeping values apart that differ only in
-sharding) run in a fresh process (tests/sharded_adversary18g_cases.py).
-References: jax.jit itself."""
+a function that closes over a jax.Ref; the 8-device cases (hoist-consts and cse
+keeping apart values that differ only in sharding, `jaxpr-cc exec` of a sharded
+program, a saved executable's unused sharded argument) run in a fresh process
+(tests/sharded_adversary18g_cases.py).  References: jax.jit itself."""
 import jax
 import jax.numpy as jnp
 import numpy as np

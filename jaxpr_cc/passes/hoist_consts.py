@@ -16,9 +16,9 @@ constants of loops and custom rules), and the operand is supplied the same way o
 Supplies are requested lazily from the top down, so a value reaches the
 top level once and every level reuses an operand it already has.  With
 ``dedupe`` (default) identical constants -- same type (sharding included), dtype,
-shape, weak type, placement and bytes -- become one parameter.  Regions outside any constant group (custom
-rules whose derivative rules are Python callables) keep their constants; the
-statistic ``constants-left-nested`` counts them.
+shape, weak type, placement and bytes -- become one parameter.  Regions outside
+any constant group (custom rules whose derivative rules are Python callables)
+keep their constants; the statistic ``constants-left-nested`` counts them.
 """
 from __future__ import annotations
 
