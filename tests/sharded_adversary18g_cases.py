@@ -76,6 +76,7 @@ def cases(out_dir: Path):
 
         def wsc(v):
             return jax.lax.with_sharding_constraint(v, NamedSharding(mesh, P("y")))
+        constrained_call = jax.jit(lambda u: wsc(u) + 1)
 
         fns = {
             "plain": lambda v: (v * 2, wsc(v * 2)),
@@ -84,6 +85,10 @@ def cases(out_dir: Path):
             "through a chain": lambda v: (jnp.cos(v * 2), wsc(jnp.cos(v * 2) + 1)),
             "inside a jit": lambda v: jax.jit(lambda u: (u * 2, wsc(u * 2)))(v),
             "both constrained alike": lambda v: (wsc(v * 2), wsc(v * 2)),
+            "request inside a called jit": lambda v: (v * 2, jax.jit(lambda u: wsc(u) + 1)(v * 2)),
+            "request inside a cond branch": lambda v: (
+                v * 2, jax.lax.cond(True, wsc, lambda u: u, v * 2)),
+            "two equal calls": lambda v: (constrained_call(v * 2), constrained_call(v * 2)),
         }
         problems = []
         for name, fn in fns.items():
@@ -92,10 +97,11 @@ def cases(out_dir: Path):
                 jf = jaxpr_cc.jit(fn) if pipe == "default" else jaxpr_cc.jit(fn, pipeline=pipe)
                 problems += _all_same(jf(x), want, f"{name} {pipe}")
         # Equal requests still merge: the pass loses nothing where layouts agree.
-        q = jaxpr_cc.run_passes(jaxpr_cc.trace(fns["both constrained alike"], x), "cse")
-        prims = [e.prim.name for e in q.body.equations]
-        if prims.count("mul") != 1:
-            problems.append(f"equal requests: cse left {prims.count('mul')} multiplications")
+        for name in ("both constrained alike", "two equal calls"):
+            q = jaxpr_cc.run_passes(jaxpr_cc.trace(fns[name], x), "cse")
+            prims = [e.prim.name for e in q.body.equations]
+            if prims.count("mul") != 1 or prims.count("jit") > 1:
+                problems.append(f"{name}: cse left {prims}")
         return problems
 
     def exec_places_host_inputs_of_a_sharded_program():

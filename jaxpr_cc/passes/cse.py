@@ -15,7 +15,8 @@ calls (each call's bwd runs on its own cotangents).
 
 Nor are two equations whose results feed different sharding requests downstream
 (a ``with_sharding_constraint``, a ``shard_map``'s in_specs, a jit's in_shardings,
-reached directly or through other equations of the region): XLA propagates a
+reached directly, through other equations of the region, or inside a region
+an equation calls): XLA propagates a
 request backwards to the producer, so under jax.jit the two copies get different
 layouts, and one merged copy would hand the request's layout to the other's readers
 as well (an unconstrained output would come back resharded).
@@ -62,6 +63,7 @@ class _CSE:
         self.done: set[int] = set()
         self._alive: list[Region] = []
         self._vjp_inside: dict[int, bool] = {}  # region id -> calls a custom_vjp
+        self._requesting: dict[int, bool] = {}  # region id -> makes a sharding request
 
     def _calls_custom_vjp(self, eqn) -> bool:
         """Is ``eqn`` a custom_vjp call, or does any region it holds call one (two
@@ -78,6 +80,27 @@ class _CSE:
                 return True
         return False
 
+    def _requests_inside(self, region: Region) -> bool:
+        """Does ``region`` (or any region below it) make a sharding request?"""
+        known = self._requesting.get(id(region))
+        if known is None:
+            self._requesting[id(region)] = False  # a recursive rule: no cycle here
+            known = self._requesting[id(region)] = any(
+                operand_sharding_requests(e) is not None
+                or any(self._requests_inside(sub) for _, _, sub in e.regions())
+                for e in region.equations)
+        return known
+
+    def _nested_requests(self, eqn) -> tuple | None:
+        """Requests made inside ``eqn``'s regions, as seen from its operands: each
+        operand may reach them (which ones depends on the body), so it is labelled
+        with the equation's structure -- equal for equal calls, which still merge."""
+        subs = [sub for _, _, sub in eqn.regions()]
+        if not subs or not any(self._requests_inside(sub) for sub in subs):
+            return None
+        label = ("nested", eqn.prim, self.keys.params(eqn.params))
+        return tuple((label, i) for i in range(len(eqn.inputs)))
+
     def region(self, region: Region) -> int:
         if id(region) in self.done:
             return 0
@@ -93,7 +116,12 @@ class _CSE:
         literal = keys.literal
         plain_params = keys.plain_params
         blocked_prims: dict = {}  # Primitive -> whether its name is in ``blocked``
-        requests = _downstream_requests(region)
+        # Nested regions first: a request inside one is keyed by the region's
+        # (simplified) structure.
+        for eqn in region.equations:
+            for _, _, sub in eqn.regions():
+                merged += self.region(sub)
+        requests = _downstream_requests(region, self._nested_requests)
         for eqn in region.equations:
             prim = eqn.prim
             params = eqn.params
@@ -135,12 +163,15 @@ class _CSE:
 _NONE: frozenset = frozenset()
 
 
-def _downstream_requests(region: Region) -> dict:
+def _downstream_requests(region: Region, nested) -> dict:
     """Value -> the set of sharding requests its value reaches, directly or through
-    the equations of ``region`` that read it (empty when the region makes none)."""
+    the equations of ``region`` that read it (empty when the region makes none).
+    ``nested(eqn)``: the requests made inside ``eqn``'s regions, per operand."""
     direct = []
     for eqn in region.equations:
         req = operand_sharding_requests(eqn)
+        if req is None:
+            req = nested(eqn)
         if req is not None:
             direct.append((eqn, req))
     if not direct:
