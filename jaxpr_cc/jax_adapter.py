@@ -1247,3 +1247,59 @@ def subjaxprs_of(eqn) -> list:
                 out.append(v)
     return out
 # ---------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------
+# --- sharding requests on operands (passes/cse.py) -------------------------
+def operand_sharding_requests(eqn) -> tuple | None:
+    """Per operand of a jaxpr-cc equation, a hashable description of the sharding it
+    asks its operand to have (None: no request), or None when the equation asks
+    for none at all.  XLA propagates such a request backwards to the producer of
+    the operand, so two equal computations with different requests downstream are
+    laid out differently by jax.jit and must stay two computations."""
+    name = eqn.prim.name
+    p = eqn.params
+    if name == "sharding_constraint":
+        return ((name, p.get("sharding"), p.get("unconstrained_dims")),)
+    if name == "shard_map":
+        return tuple((name, p.get("mesh"), spec) for spec in p.get("in_specs", ()))
+    if name in ("jit", "pjit"):
+        shardings = p.get("in_shardings") or ()
+        if all(isinstance(s, UnspecifiedValue) for s in shardings):
+            return None
+        return tuple(None if isinstance(s, UnspecifiedValue) else ("jit", s) for s in shardings)
+    if name == "device_put":
+        return tuple(None if d is None else (name, d) for d in p.get("devices", ()))
+    return None
+# ---------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------
+# --- input shardings of a compiled function that closes over a jax.Ref -----
+def compiled_argument_shardings(compiled) -> list:
+    """The sharding of each flat argument leaf of a ``jax.stages.Compiled`` (None for
+    an argument XLA found unused).  ``Compiled.input_shardings`` fails ("Too many
+    leaves") when the function closes over a jax.Ref: JAX passes each such Ref as an
+    extra input after the arguments, which this leaves out."""
+    n_const = len(compiled._params.const_args)
+    flat = list(compiled._executable._in_shardings[n_const:])
+    kept = compiled._executable._kept_var_idx
+    taken = iter(flat)
+    return [next(taken) if i + n_const in kept else None
+            for i in range(compiled.in_tree.num_leaves)]
+
+
+def closed_over_ref_inputs(compiled) -> int:
+    """How many jax.Refs the function of a ``jax.stages.Compiled`` closes over (JAX
+    passes them as inputs after the arguments)."""
+    n_const = len(compiled._params.const_args)
+    kept = compiled._executable._kept_var_idx
+    n_kept = sum(1 for i in range(compiled.in_tree.num_leaves) if i + n_const in kept)
+    return len(compiled._executable._in_shardings) - n_const - n_kept
+
+
+def compiled_result_shardings(compiled) -> list:
+    """The sharding of each flat result leaf of a ``jax.stages.Compiled``; the new
+    values of closed-over jax.Refs, which JAX returns after the results, left out."""
+    return list(compiled._executable._out_shardings)[:compiled.out_tree.num_leaves]
+# ---------------------------------------------------------------------------

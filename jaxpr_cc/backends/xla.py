@@ -16,12 +16,15 @@ import re
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax import tree_util
 
 from ..ir.calling_convention import check_argument_types
 from ..ir.program import Program
 from .. import jax_adapter as jx
-from ..jax_adapter import compiled_fast_call, jaxpr_as_fun, named_sharding_from_hlo
+from ..jax_adapter import (closed_over_ref_inputs, compiled_argument_shardings,
+                           compiled_fast_call, compiled_result_shardings, jaxpr_as_fun,
+                           named_sharding_from_hlo)
 from . import xla_archive
 from .xla_archive import LoadError, SaveError
 
@@ -203,13 +206,15 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
     param_in = in_flat[:n_params]
     if on_device is None and not jit_kwargs.get("in_shardings"):
         param_in = None  # decided for each placement of the arguments
-    return Executable(name=program.name, compiled=compiled, lowered=lowered,
-                      in_tree=program.in_tree, out_tree=out_tree, params=program.params,
-                      input_avals=avals, n_params=n_params,
-                      donated=tuple(sorted(donated)), exporter=export, program=program,
-                      lower_on=(_lowerer_for_arguments(program, tree_fun, jit_kwargs, avals,
-                                                       param_in, compiler_options, keep_unused)
-                                if follow else None))
+    exe = Executable(name=program.name, compiled=compiled, lowered=lowered,
+                     in_tree=program.in_tree, out_tree=out_tree, params=program.params,
+                     input_avals=avals, n_params=n_params,
+                     donated=tuple(sorted(donated)), exporter=export, program=program,
+                     lower_on=(_lowerer_for_arguments(program, tree_fun, jit_kwargs, avals,
+                                                      param_in, compiler_options, keep_unused)
+                               if follow else None))
+    exe._lowered_at = [getattr(spec, "sharding", None) for spec in specs]
+    return exe
 
 
 def _lowerer_on_one_device(tree_fun, jit_kwargs: dict, specs: list) -> Callable:
@@ -430,6 +435,8 @@ class Executable:
         self._donated = donated
         self._exporter = exporter
         self._export_cache: tuple | None = None
+        # Per input, the sharding it was lowered at (None: unknown or unplaced).
+        self._lowered_at: list | None = None
         flat_in = self._flat_input_shardings()
         self.params = tuple(params) if placed else _place(params, flat_in[:n_params])
         # Everything a call needs is bound here: the C++ dispatcher and the parameters.
@@ -540,10 +547,10 @@ class Executable:
     def _flat_input_shardings(self) -> list:
         # The compiled function takes flat inputs: input_shardings is ((s0, s1, ...), {}),
         # with None for inputs XLA found unused.
-        return list(self._compiled.input_shardings[0])
+        return compiled_argument_shardings(self._compiled)
 
     def _flat_output_shardings(self) -> list:
-        return self.out_tree.flatten_up_to(self._compiled.output_shardings)
+        return compiled_result_shardings(self._compiled)
 
     @property
     def input_shardings(self):
@@ -558,7 +565,7 @@ class Executable:
     @property
     def output_shardings(self):
         """Sharding of each result leaf, in the result's pytree."""
-        return self._compiled.output_shardings
+        return tree_util.tree_unflatten(self.out_tree, self._flat_output_shardings())
 
     @property
     def devices(self) -> list:
@@ -607,6 +614,10 @@ def save_executable(exe: Executable, path: str) -> None:
         raise SaveError(f"{where}: argument leaf {refs[0]} is a jax.Ref "
                         f"({exe.arg_avals[refs[0]]}), which jax.export cannot serialize; "
                         f"pass its value as an array and return the new value instead")
+    if exe.program is not None and closed_over_ref_inputs(exe._compiled):
+        raise SaveError(f"{where}: the function closes over a jax.Ref, which jax.export "
+                        f"cannot serialize; pass the Ref's value as an argument and return "
+                        f"the new value instead")
     in_tree = xla_archive.encode_treedef(exe.in_tree, f"{where}: arguments")
     out_tree = xla_archive.encode_treedef(exe.out_tree, f"{where}: results")
     in_s = exe._flat_input_shardings()
@@ -619,6 +630,10 @@ def save_executable(exe: Executable, path: str) -> None:
             raise SaveError(f"{where}: it runs on several devices, but no named mesh describes "
                              f"its layout; give it NamedSharding in_shardings")
         out_avals = exe.out_tree.flatten_up_to(exe._compiled.out_info)
+        # An input XLA found unused keeps the layout it was lowered at (the one the
+        # arguments it was built for have; jax.export lowers at it again).
+        if exe._lowered_at is not None and len(exe._lowered_at) == len(in_s):
+            in_s = [t if s is None else s for s, t in zip(in_s, exe._lowered_at)]
         export_in = [_as_named(s, mesh, a, f"{where}: input {i}")
                      for i, (s, a) in enumerate(zip(in_s, exe._input_avals))]
         export_out = [_as_named(s, mesh, a, f"{where}: output {i}")
@@ -695,10 +710,14 @@ def _find_mesh(shardings, program: Program | None):
 
 def _as_named(s, mesh, aval, where: str):
     """``s`` as an equivalent NamedSharding over ``mesh``; unused inputs (no sharding)
-    become replicated."""
+    keep the layout their type names (Explicit mesh axes), else become replicated."""
     from jax.sharding import NamedSharding, PartitionSpec
     ndim = len(getattr(aval, "shape", ()))
     if s is None:
+        typed = getattr(aval, "sharding", None)
+        typed_mesh = getattr(typed, "mesh", None)
+        if getattr(typed_mesh, "shape_tuple", None) == mesh.shape_tuple:
+            return NamedSharding(mesh, typed.spec)
         return NamedSharding(mesh, PartitionSpec())
     if isinstance(s, NamedSharding) and s.mesh == mesh:
         return s
@@ -800,7 +819,17 @@ def load_executable(path: str) -> Executable:
             and all(isinstance(w, bool) for w in out_weak)):
         raise bad("manifest out_weak_types must list one bool per output")
 
+    # Inputs the saved computation never reads: the compiled call takes them but does
+    # not pass them on, so (as in the executable that was saved) their placement does
+    # not matter -- an unused argument sharded over a mesh is still accepted.
+    unused = [i for i in set(range(len(in_avals))) - set(exported.module_kept_var_idx)
+              if not jax.dtypes.issubdtype(in_avals[i].dtype, jax.dtypes.extended)]
+
     def tree_fun(*flat):
+        if unused:
+            flat = list(flat)
+            for i in unused:
+                flat[i] = jnp.zeros(in_avals[i].shape, in_avals[i].dtype)
         outs = [jx.weakly_typed(x) if w else x for x, w in zip(exported.call(*flat), out_weak)]
         return tree_util.tree_unflatten(out_tree, outs)
     _name_function(tree_fun, name)

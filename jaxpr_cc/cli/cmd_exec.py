@@ -54,6 +54,12 @@ def run(args) -> int:
         names = [v.name for v in program.arg_values]
         leaves = match_inputs(arrays, avals, names, args.inputs)
         call, in_tree = program, program.in_tree
+        if program.arg_shardings is not None and any(
+                s is not None for s in program.arg_shardings):
+            # Host arrays from the file carry no layout: compiled as `jaxpr-cc compile`
+            # does, the executable places them as the program was traced with.
+            from ..backends.xla import compile as compile_program
+            call = _compiled(args.program, compile_program, program)
     else:
         exe = _load_executable(args.program, data)
         avals = list(exe.arg_avals)
@@ -70,6 +76,14 @@ def run(args) -> int:
     np.savez(buf, **outputs)
     write_output(args.output, buf.getvalue())
     return 0
+
+
+def _compiled(path: str, compile_program, program):
+    try:
+        return compile_program(program)
+    except Exception as e:  # compiling can fail on this machine (devices, memory)
+        raise CliError(f"{path}: compiling failed: {type(e).__name__}: "
+                       f"{' '.join(str(e).split())[:300]}") from None
 
 
 def _load_executable(path: str, data: bytes):

@@ -27,6 +27,20 @@ def identity_only(x: Any) -> bool:
     return is_traced(x) or is_mutable_ref(x)
 
 
+def placement_key(x: Any) -> Any:
+    """Where a concrete array lives, as a hashable: its sharding for a ``jax.Array``,
+    None for host values.  Two constants with equal bytes but different placements
+    are different values (on an explicit mesh even different types), so content
+    deduplication compares this too."""
+    import jax
+    if isinstance(x, jax.Array) and not is_traced(x):
+        try:
+            return x.sharding
+        except Exception:  # an array whose buffers were deleted: compared by identity upstream
+            return ("id", id(x))
+    return None
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """A host numpy view of ``x``; PRNG key arrays become their raw key data."""
     import jax

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import param_types
-from .arrays import identity_only, to_numpy
+from .arrays import identity_only, placement_key, to_numpy
 from .region import Region
 from .value import Value, is_literal
 
@@ -83,6 +83,7 @@ class KeyMaker:
             dtype = getattr(x, "dtype", a.dtype)
             weak = bool(getattr(x, "weak_type", False))
             key = self._arrays[id(x)] = ("array", str(dtype), weak, a.shape,
+                                         placement_key(x),
                                          np.ascontiguousarray(a).tobytes())
             self._keep.append(x)
         return key

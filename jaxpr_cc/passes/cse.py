@@ -12,6 +12,14 @@ their own bodies were simplified); values never cross regions.
 Effectful, random-bit-generating and callback equations -- or equations whose
 regions contain one -- are never merged (``passes.effects``), nor are custom_vjp
 calls (each call's bwd runs on its own cotangents).
+
+Nor are two equations whose results feed different sharding requests downstream
+(a ``with_sharding_constraint``, a ``shard_map``'s in_specs, a jit's in_shardings,
+reached directly, through other equations of the region, or inside a region
+an equation calls): XLA propagates a
+request backwards to the producer, so under jax.jit the two copies get different
+layouts, and one merged copy would hand the request's layout to the other's readers
+as well (an unconstrained output would come back resharded).
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from .base import Pass, PassContext, register_pass
 from .effects import CALLBACK_PRIMITIVES, RANDOM_PRIMITIVES, EffectOracle
 from .signature import merge_into
 from ..ir.structural_key import KeyMaker
+from ..jax_adapter import operand_sharding_requests
 
 
 # Two calls of one custom_vjp are not one call: JAX runs the user's bwd once per
@@ -54,6 +63,7 @@ class _CSE:
         self.done: set[int] = set()
         self._alive: list[Region] = []
         self._vjp_inside: dict[int, bool] = {}  # region id -> calls a custom_vjp
+        self._requesting: dict[int, bool] = {}  # region id -> makes a sharding request
 
     def _calls_custom_vjp(self, eqn) -> bool:
         """Is ``eqn`` a custom_vjp call, or does any region it holds call one (two
@@ -70,6 +80,27 @@ class _CSE:
                 return True
         return False
 
+    def _requests_inside(self, region: Region) -> bool:
+        """Does ``region`` (or any region below it) make a sharding request?"""
+        known = self._requesting.get(id(region))
+        if known is None:
+            self._requesting[id(region)] = False  # a recursive rule: no cycle here
+            known = self._requesting[id(region)] = any(
+                operand_sharding_requests(e) is not None
+                or any(self._requests_inside(sub) for _, _, sub in e.regions())
+                for e in region.equations)
+        return known
+
+    def _nested_requests(self, eqn) -> tuple | None:
+        """Requests made inside ``eqn``'s regions, as seen from its operands: each
+        operand may reach them (which ones depends on the body), so it is labelled
+        with the equation's structure -- equal for equal calls, which still merge."""
+        subs = [sub for _, _, sub in eqn.regions()]
+        if not subs or not any(self._requests_inside(sub) for sub in subs):
+            return None
+        label = ("nested", eqn.prim, self.keys.params(eqn.params))
+        return tuple((label, i) for i in range(len(eqn.inputs)))
+
     def region(self, region: Region) -> int:
         if id(region) in self.done:
             return 0
@@ -85,6 +116,12 @@ class _CSE:
         literal = keys.literal
         plain_params = keys.plain_params
         blocked_prims: dict = {}  # Primitive -> whether its name is in ``blocked``
+        # Nested regions first: a request inside one is keyed by the region's
+        # (simplified) structure.
+        for eqn in region.equations:
+            for _, _, sub in eqn.regions():
+                merged += self.region(sub)
+        requests = _downstream_requests(region, self._nested_requests)
         for eqn in region.equations:
             prim = eqn.prim
             params = eqn.params
@@ -106,10 +143,14 @@ class _CSE:
             # identity; Literals do not hash at all, so an equation with a literal
             # operand takes the slower path that keys literals by dtype and bits.
             key = (prim, pkey, tuple(eqn.inputs))
+            if requests:
+                key += (tuple(requests.get(o, _NONE) for o in eqn.outputs),)
             try:
                 first = seen.get(key)
             except TypeError:
                 key = (prim, pkey, tuple([a if type(a) is Value else literal(a) for a in eqn.inputs]))
+                if requests:
+                    key += (tuple(requests.get(o, _NONE) for o in eqn.outputs),)
                 first = seen.get(key)
             if first is None:
                 seen[key] = eqn
@@ -117,3 +158,50 @@ class _CSE:
             merge_into(region, eqn, first)
             merged += 1
         return merged
+
+
+_NONE: frozenset = frozenset()
+
+
+def _downstream_requests(region: Region, nested) -> dict:
+    """Value -> the set of sharding requests its value reaches, directly or through
+    the equations of ``region`` that read it (empty when the region makes none).
+    ``nested(eqn)``: the requests made inside ``eqn``'s regions, per operand."""
+    direct = []
+    for eqn in region.equations:
+        req = operand_sharding_requests(eqn)
+        if req is None:
+            req = nested(eqn)
+        if req is not None:
+            direct.append((eqn, req))
+    if not direct:
+        return {}
+    out: dict = {}
+    for eqn, req in direct:
+        for atom, r in zip(eqn.inputs, req):
+            if r is not None and type(atom) is Value:
+                try:
+                    hash(r)
+                except TypeError:  # an unhashable request: distinct from every other
+                    r = ("request", id(eqn))
+                out[atom] = out.get(atom, _NONE) | {r}
+    # Backwards over the region: an equation's operands reach every request its
+    # results reach.  Reverse program order visits readers before producers when
+    # the order is topological; a fixed point covers any other order.
+    eqns = list(region.equations)
+    changed = True
+    while changed:
+        changed = False
+        for eqn in reversed(eqns):
+            reached = _NONE
+            for o in eqn.outputs:
+                reached = reached | out.get(o, _NONE)
+            if not reached:
+                continue
+            for atom in eqn.inputs:
+                if type(atom) is Value:
+                    have = out.get(atom, _NONE)
+                    if not reached <= have:
+                        out[atom] = have | reached
+                        changed = True
+    return out

@@ -15,10 +15,10 @@ region's constant group in ``ir.layouts``: appended for calls and branches, amon
 constants of loops and custom rules), and the operand is supplied the same way one level up.
 Supplies are requested lazily from the top down, so a value reaches the
 top level once and every level reuses an operand it already has.  With
-``dedupe`` (default) identical constants -- same dtype, shape, weak type and
-bytes -- become one parameter.  Regions outside any constant group (custom
-rules whose derivative rules are Python callables) keep their constants; the
-statistic ``constants-left-nested`` counts them.
+``dedupe`` (default) identical constants -- same type (sharding included), dtype,
+shape, weak type, placement and bytes -- become one parameter.  Regions outside
+any constant group (custom rules whose derivative rules are Python callables)
+keep their constants; the statistic ``constants-left-nested`` counts them.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..ir.arrays import identity_only, is_mutable_ref, nbytes, to_numpy
+from ..ir.arrays import identity_only, is_mutable_ref, nbytes, placement_key, to_numpy
 from ..ir.layouts import ConstantGroup, RegionSlot, constant_groups, layout_of
 from ..ir.region import Region
 from ..ir.value import Value, is_literal
@@ -81,7 +81,10 @@ class _Hoister:
 
     # ------------------------------------------------------------ supplies
     def _bucket_key(self, value, aval) -> tuple:
-        return (str(aval.dtype), tuple(aval.shape), bool(getattr(aval, "weak_type", False)))
+        # The full type (an explicit mesh puts the sharding in it) and the concrete
+        # placement: equal bytes laid out differently are not the same parameter.
+        return (str(aval.dtype), tuple(aval.shape), bool(getattr(aval, "weak_type", False)),
+                str(aval), placement_key(value))
 
     def _remember(self, value, v: Value) -> None:
         self.buckets.setdefault(self._bucket_key(value, v.aval), []).append((value, v))
