@@ -161,3 +161,229 @@ def test_integer_output_cotangent_is_symbolic_zero(fun, tmp_path):
     program = jaxpr_cc.Program.from_jaxpr(jax.make_jaxpr(fun)(x))
     convert_program(program)
     np.testing.assert_allclose(jax.grad(lambda v: program(v)[0])(x), jax.grad(fun)(x))
+
+
+# ------------------------------------------------------- rule reuse after a rebinding
+def _both(fun, x, grad=True):
+    """``fun`` through trace and jaxpr_cc.jit against JAX: value, and (``grad``) the
+    gradient (a custom_vjp bwd reading a late-bound variable differs from JAX by
+    design, docs/closure.md, so those compare values only)."""
+    for name, candidate in {"trace": jaxpr_cc.trace(fun, x), "jit": jaxpr_cc.jit(fun)}.items():
+        np.testing.assert_allclose(np.asarray(candidate(x)), np.asarray(fun(x)), rtol=1e-6,
+                                   err_msg=f"{name}: value")
+        if grad:
+            np.testing.assert_allclose(np.asarray(jax.grad(candidate)(x)),
+                                       np.asarray(jax.grad(fun)(x)), rtol=1e-6,
+                                       err_msg=f"{name}: grad")
+
+
+@pytest.fixture
+def advpkg(tmp_path, request):
+    """A fresh package ``<name>`` with ``settings.dt``, ``consts.Config.dt`` and
+    ``physics.force`` (reading ``physics.G``), importable for this test only."""
+    name = f"advpkg_{request.node.name.replace('[', '_').replace(']', '').replace('-', '_')}"
+    root = tmp_path / name
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "settings.py").write_text("dt = 0.1\n")
+    (root / "consts.py").write_text("class Config:\n    dt = 0.1\n")
+    (root / "physics.py").write_text(textwrap.dedent("""\
+        G = 1.0
+        def force(x):
+            return G * x
+        """))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import importlib
+        package = importlib.import_module(name)
+        for sub in ("settings", "consts", "physics"):
+            importlib.import_module(f"{name}.{sub}")
+        yield package
+    finally:
+        sys.path.remove(str(tmp_path))
+        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[mod]
+
+
+SIGN = 0.0
+
+
+@jax.custom_jvp
+def _signed_pi(x):
+    return x * jnp.arctan2(SIGN, -1.0)  # +pi for 0.0, -pi for -0.0
+
+
+@_signed_pi.defjvp
+def _signed_pi_jvp(p, t):
+    return _signed_pi(p[0]), t[0] * jnp.arctan2(SIGN, -1.0)
+
+
+def negative_zero(x):
+    global SIGN
+    SIGN = 0.0
+    a = _signed_pi(x)
+    SIGN = -0.0
+    b = _signed_pi(x)
+    SIGN = 0.0
+    return a + 2.0 * b
+
+
+def test_negative_zero_after_zero():
+    _both(negative_zero, jnp.float32(1.0))
+
+
+def test_submodule_global_through_package(advpkg):
+    @jax.custom_vjp
+    def step(x):
+        return x + advpkg.settings.dt * x
+    step.defvjp(lambda x: (step(x), None),
+                lambda _, ct: (ct * (1 + advpkg.settings.dt),))
+
+    def f(x):
+        advpkg.settings.dt = 0.1
+        a = step(x)
+        advpkg.settings.dt = 0.5
+        return step(a)
+
+    _both(f, jnp.float32(1.0), grad=False)
+
+
+def test_class_attribute_through_module(advpkg):
+    consts = advpkg.consts
+
+    @jax.custom_jvp
+    def step(x):
+        return x * (1 + consts.Config.dt)
+    step.defjvp(lambda p, t: (step(p[0]), t[0] * (1 + consts.Config.dt)))
+
+    def f(x):
+        consts.Config.dt = 0.1
+        a = step(x)
+        consts.Config.dt = 0.5
+        return step(a)
+
+    _both(f, jnp.float32(1.0))
+
+
+def test_function_of_another_module_reading_its_global(advpkg):
+    physics = advpkg.physics
+
+    @jax.custom_jvp
+    def step(x):
+        return x + physics.force(x)
+    step.defjvp(lambda p, t: (step(p[0]), t[0] + physics.force(t[0])))
+
+    def f(x):
+        physics.G = 1.0
+        a = step(x)
+        physics.G = 3.0
+        return step(a)
+
+    _both(f, jnp.float32(1.0))
+
+
+class _Layer:
+    act = staticmethod(jnp.sin)
+
+    def __init__(self, w):
+        self.w = w
+
+
+def rebound_class_method(x):
+    layer = _Layer(2.0)
+
+    @jax.custom_vjp
+    def g(x):
+        return layer.act(x * layer.w)
+
+    def bwd(x, ct):
+        return jax.vjp(lambda v: layer.act(v * layer.w), x)[1](ct)
+
+    g.defvjp(lambda x: (g(x), x), bwd)
+    try:
+        a = g(x)
+        _Layer.act = staticmethod(jnp.cos)
+        b = g(x)
+    finally:
+        _Layer.act = staticmethod(jnp.sin)
+    return a + 3.0 * b
+
+
+def test_callable_class_attribute_rebound():
+    _both(rebound_class_method, jnp.float32(0.3), grad=False)
+
+
+def test_rule_is_reused_when_nothing_changed(advpkg):
+    """The wider walk still lets 20 calls reading a class, a module's function and
+    a package's submodule share one traced rule."""
+    import itertools
+    traces = itertools.count()
+    layer = _Layer(jnp.float32(2.0))
+
+    @jax.custom_vjp
+    def step(x):
+        return x + advpkg.settings.dt * layer.act(advpkg.physics.force(x) * layer.w)
+
+    def fwd(x):
+        next(traces)
+        return step(x), x
+
+    def bwd(x, ct):
+        return jax.vjp(lambda v: v + advpkg.settings.dt
+                       * layer.act(advpkg.physics.force(v) * layer.w), x)[1](ct)
+
+    step.defvjp(fwd, bwd)
+
+    def many(x):
+        for _ in range(20):
+            x = step(x)
+        return x
+
+    x = jnp.float32(0.4)
+    program = jaxpr_cc.trace(many, x)
+    assert next(traces) <= 2  # once, and once more if found recursive: not 20
+    np.testing.assert_allclose(program(x), many(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(program)(x), jax.grad(many)(x), rtol=1e-5)
+
+
+class _Stepper:
+    """Holds a module; its method reads ``self.settings.dt``, a name only the method's
+    code mentions."""
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def rate(self):
+        return 1 + self.settings.dt
+
+
+def test_module_attribute_named_only_by_a_method(advpkg):
+    stepper = _Stepper(advpkg.settings)
+
+    @jax.custom_jvp
+    def step(x):
+        return x * stepper.rate()
+    step.defjvp(lambda p, t: (step(p[0]), t[0] * stepper.rate()))
+
+    def f(x):
+        advpkg.settings.dt = 0.1
+        a = step(x)
+        advpkg.settings.dt = 0.5
+        return step(a)
+
+    _both(f, jnp.float32(1.0))
+
+
+def test_module_attribute_read_by_getattr(advpkg):
+    @jax.custom_jvp
+    def step(x):
+        return x * (1 + getattr(advpkg.settings, "dt"))
+    step.defjvp(lambda p, t: (step(p[0]), t[0] * (1 + getattr(advpkg.settings, "dt"))))
+
+    def f(x):
+        advpkg.settings.dt = 0.1
+        a = step(x)
+        advpkg.settings.dt = 0.5
+        return step(a)
+
+    _both(f, jnp.float32(1.0))
