@@ -8,21 +8,40 @@ rebound between two calls (an Euler step whose vector field reads a time that
 changes every step; a ``custom_jvp`` defined once and called again after the
 variable it closes over was rebound).
 
-``fingerprint(obj)`` walks everything a function can read: closure cells, defaults,
-the globals its code (and nested code) names, ``functools.partial`` parts, bound
-``self``, containers and plain objects' attributes.  Arrays, tracers and other
-opaque objects are identified by ``id`` (the caller keeps them alive so ids are not
-reused); immutable Python scalars and strings by value; numpy arrays by content,
-since they are mutable and are captured by value when traced.  When the walk is
-too large to be worth it, the answer is ``None``: the caller then never reuses.
+``fingerprint(obj)`` walks everything a function can read:
+
+* a function: its code, closure cells, defaults, and the globals its code (and
+  nested code) names; each of those is walked in turn;
+* a module: its attributes that any code met in the walk names, as an attribute or
+  a string constant (``config.dt``, ``pkg.settings.dt``, ``physics.force``,
+  ``getattr(config, "dt")``), walked in turn; modules are walked last, with every
+  name the walk met, and again while that walk meets new names or modules;
+* a class: every attribute of every class in its MRO (data, functions,
+  ``staticmethod``/``classmethod``/``property`` targets), walked in turn;
+* ``functools.partial`` parts, bound methods' function and ``self``, containers,
+  and plain objects' ``__dict__``, ``__slots__`` and class.
+
+Functions, classes and modules of installed libraries and the standard library are
+identified by identity and not walked into: their state is not the program's, and
+walking JAX's internals would make the walk too large to be worth it.  Arrays,
+tracers and other opaque objects are identified by ``id`` (the caller keeps them
+alive so ids are not reused); Python and numpy scalars by type and bits (so ``-0.0``
+differs from ``0.0``, and NaN equals itself); numpy arrays by content, since they
+are mutable and are captured by value when traced.  When the walk is too large to
+be worth it, the answer is ``None``: the caller then never reuses.
 """
 from __future__ import annotations
 
 import array
 import collections
 import functools
+import hashlib
+import os
+import site
+import struct
+import sys
+import sysconfig
 import types
-import warnings
 from typing import Any
 
 import numpy as np
@@ -36,20 +55,35 @@ class _TooBig(Exception):
 
 
 class Fingerprinter:
-    """One walk.  ``keepalive`` receives every object identified by ``id``."""
+    """One walk.  ``keepalive`` receives every object identified by ``id``.
+    ``names``: every name the code met so far mentions; ``modules``: the modules met
+    so far, whose attributes ``modules_part`` walks."""
 
     def __init__(self, keepalive: list, max_nodes: int = MAX_NODES):
         self.keepalive = keepalive
         self.budget = max_nodes
-        self.active: set[int] = set()
-        self.done: dict[int, Any] = {}
+        self.names: set = set()
+        self.modules: dict[int, types.ModuleType] = {}
+        self.active: set = set()
+        self.done: dict = {}
+
+    def modules_part(self) -> tuple:
+        """The named attributes of every module met, walked until no new module or
+        name turns up (walking an attribute can reach more code and modules)."""
+        while True:
+            names, modules = frozenset(self.names), list(self.modules.values())
+            out = tuple((m.__name__, tuple((a, self(attrs[a])) for a in sorted(names)
+                                           if a in (attrs := vars(m))))
+                        for m in modules)
+            if len(self.modules) == len(modules) and len(self.names) == len(names):
+                return out
 
     def __call__(self, obj) -> Any:
         self.budget -= 1
         if self.budget < 0:
             raise _TooBig
         if isinstance(obj, _SCALARS):
-            return (type(obj), obj) if obj == obj else (type(obj), repr(obj))
+            return _scalar(obj)
         key = id(obj)
         if key in self.done:
             return self.done[key]
@@ -70,13 +104,14 @@ class Fingerprinter:
 
     def _walk(self, obj) -> Any:
         if isinstance(obj, np.ndarray):
-            return ("np", obj.shape, obj.dtype.str, hash(obj.tobytes()))
+            return ("np", obj.shape, obj.dtype.str,
+                    hashlib.blake2b(obj.tobytes(), digest_size=16).digest())
         if isinstance(obj, np.generic):
-            return ("np", obj.dtype.str, obj.item() if obj == obj else repr(obj))
+            return ("np", obj.dtype.str, obj.tobytes())
         if isinstance(obj, types.ModuleType):
-            return ("module", obj.__name__)
+            return self._module(obj)
         if isinstance(obj, type):
-            return ("class", self._opaque(obj), self._data_attributes(obj))
+            return self._class(obj)
         if isinstance(obj, (tuple, list, collections.deque)):
             return (type(obj), tuple(self(x) for x in tuple(obj)))
         if isinstance(obj, array.array):
@@ -86,17 +121,25 @@ class Fingerprinter:
             return (type(obj), tuple((self(k), self(v)) for k, v in list(obj.items())))
         if isinstance(obj, (set, frozenset)):
             return self._opaque(obj) if not all(isinstance(x, _SCALARS) for x in obj) else (
-                type(obj), tuple(sorted(map(repr, obj))))
+                type(obj), tuple(sorted(repr(_scalar(x)) for x in obj)))
         if isinstance(obj, types.FunctionType):
             return self._function(obj)
         if isinstance(obj, types.MethodType):
             return ("method", self(obj.__func__), self(obj.__self__))
+        if isinstance(obj, (staticmethod, classmethod)):
+            return (type(obj), self(obj.__func__))
+        if isinstance(obj, property):
+            return ("property", self(obj.fget), self(obj.fset), self(obj.fdel))
         if isinstance(obj, functools.partial):
             return ("partial", self(obj.func), self(obj.args), self(obj.keywords))
         if isinstance(obj, (types.BuiltinFunctionType, types.CodeType)):
             return self._opaque(obj)
         if _is_array_like(obj):
             return self._opaque(obj)
+        if _in_library(type(obj)) and callable(obj) and hasattr(obj, "__wrapped__"):
+            # A library's wrapper (``jax.jit``): fixed at creation, so its identity
+            # and what it wraps.
+            return ("wrapper", self._opaque(obj), self(obj.__wrapped__))
         attrs = getattr(obj, "__dict__", None)
         slots = tuple(n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())
                       if isinstance(n, str) and hasattr(obj, n))
@@ -106,50 +149,60 @@ class Fingerprinter:
                     tuple((n, self(getattr(obj, n))) for n in slots))
         return self._opaque(obj)
 
-    def _data_attributes(self, cls: type) -> tuple:
-        """A class's data attributes (not its methods): rules read them as
-        ``Cls.c`` or ``self.c``, and they can be rebound between calls."""
-        out = []
+    def _module(self, module: types.ModuleType) -> tuple:
+        """A module's identity; its attributes are walked by ``modules_part`` (read
+        from its ``__dict__``: no lazy import, no deprecation warning)."""
+        self.keepalive.append(module)
+        self.modules.setdefault(id(module), module)
+        return ("module", module.__name__)
+
+    def _class(self, cls: type) -> tuple:
+        """A class's identity and, for a program's own class, everything its
+        attribute dicts hold (data, methods, static methods, properties): rules
+        read them as ``Cls.c``, ``self.c`` or ``self.method(...)``, and any can be
+        rebound between calls."""
+        out = [self._opaque(cls)]
         for c in cls.__mro__:
-            if c is object or c.__module__ == "builtins":
+            if _in_library(c):
                 continue
             for name, value in list(vars(c).items()):
-                if not name.startswith("__") and _is_data(value):
+                if name not in ("__dict__", "__weakref__", "__doc__"):
                     out.append((c.__qualname__, name, self(value)))
-        return tuple(out)
+        return ("class", tuple(out))
 
     def _function(self, fn: types.FunctionType) -> tuple:
         self.keepalive.append(fn)
+        if _in_library(fn):
+            return ("function", id(fn))
+        code_names = _global_names(fn.__code__)
+        self.names |= code_names
         cells = tuple(self(_cell_contents(c)) for c in (fn.__closure__ or ()))
         g = fn.__globals__
-        code_names = _global_names(fn.__code__)
         names = tuple(n for n in sorted(code_names) if n in g)
-        # A module a rule names (``config.dt``): the data attributes its code names.
-        module_data = tuple(
-            (n, a, self(value)) for n in names if isinstance(g[n], types.ModuleType)
-            for a in sorted(code_names)
-            if _is_data(value := _module_attribute(g[n], a)))
-        return ("function", fn.__code__, cells, self(fn.__defaults__), self(fn.__kwdefaults__),
-                tuple((n, self(g[n])) for n in names), module_data)
-
-
-def _module_attribute(module: types.ModuleType, name: str):
-    """``module.name`` or None; deprecated module attributes (numpy's ``np.str``) warn
-    when read, and reading them here is not the user's doing."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return getattr(module, name, None)
+        return ("function", fn.__code__, cells, self(fn.__defaults__),
+                self(fn.__kwdefaults__), tuple((n, self(g[n])) for n in names))
 
 
 def fingerprint(obj, keepalive: list, max_nodes: int = MAX_NODES):
     """A hashable fingerprint of ``obj`` and everything it can read, or None when the
     walk exceeds ``max_nodes`` or meets something unhashable."""
     try:
-        out = Fingerprinter(keepalive, max_nodes)(obj)
+        walk = Fingerprinter(keepalive, max_nodes)
+        out = (walk(obj), walk.modules_part())
         hash(out)
-    except Exception:  # too large, unhashable, or reading an attribute failed
+    except Exception:  # too large, unhashable, too deep, or reading an attribute failed
         return None
     return out
+
+
+def _scalar(obj) -> tuple:
+    """Python scalars by type and bits: ``0.0 == -0.0`` and ``nan != nan``, but a
+    rule reading either can give other numbers."""
+    if isinstance(obj, float):
+        return (type(obj), struct.pack("<d", obj))
+    if isinstance(obj, complex):
+        return (type(obj), struct.pack("<dd", obj.real, obj.imag))
+    return (type(obj), obj)
 
 
 def _cell_contents(cell):
@@ -161,18 +214,49 @@ def _cell_contents(cell):
 
 @functools.lru_cache(maxsize=4096)
 def _global_names(code: types.CodeType) -> frozenset:
+    """The globals and attributes ``code`` (and code nested in it) names, and the
+    identifier-like string constants it holds (``getattr(config, "dt")``,
+    ``globals()["dt"]``)."""
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             names |= _global_names(c)
+        elif isinstance(c, str) and c.isidentifier():
+            names.add(c)
     return frozenset(names)
 
 
-def _is_data(value) -> bool:
-    """Plain data an attribute can hold (not functions, classes, modules or
-    descriptors): what a rebinding between two calls can change."""
-    return value is not None and not callable(value) and not isinstance(
-        value, (types.ModuleType, staticmethod, classmethod, property))
+def _library_roots() -> tuple:
+    paths = sysconfig.get_paths()
+    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        roots.update(site.getsitepackages())
+    except AttributeError:  # some embedded interpreters have no site-packages list
+        pass
+    return tuple(os.path.join(os.path.realpath(r), "") for r in roots if r)
+
+
+_LIBRARY_ROOTS = _library_roots()
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_library_file(filename: str) -> bool:
+    if not filename or filename.startswith("<"):
+        return False
+    return os.path.realpath(filename).startswith(_LIBRARY_ROOTS)
+
+
+def _in_library(obj) -> bool:
+    """Whether a function or class comes from an installed library or the standard
+    library (builtins included) rather than from the program."""
+    if isinstance(obj, types.FunctionType):
+        return _is_library_file(obj.__code__.co_filename)
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    if module is None:
+        return False
+    if module.__name__ == "builtins":
+        return True
+    return _is_library_file(getattr(module, "__file__", None) or "")
 
 
 def _is_array_like(obj) -> bool:

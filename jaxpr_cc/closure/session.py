@@ -379,8 +379,10 @@ class TraceSession:
             res = tree_util.tree_unflatten(
                 res_tree, [next(traced_res) if r is None else r for r in fixed_res])
             it = iter(xs[num_res:])
-            cts = [next(it) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
-                   for a in out_avals]
+            # A symbolic-zeros bwd sees SymbolicZero for an integer or bool output's
+            # cotangent, as in JAX; a dense one sees float0 zeros.
+            cts = [next(it) if is_inexact(a) else
+                   _unperturbed_tangent(a, bool(cvjp.symbolic_zeros)) for a in out_avals]
             if ct_pattern is not None:
                 nonzero = iter(ct_pattern)
                 cts = [ct if not is_inexact(a) or next(nonzero)
@@ -833,10 +835,12 @@ def _unperturbed_jvp(p_jaxpr, p_consts, avals, out_avals):
 
 def _unperturbed_tangent(aval, symbolic: bool):
     import jax.numpy as jnp
-    if not is_inexact(aval):
-        return np.zeros(aval.shape, jax.dtypes.float0)
+    # A symbolic-zeros rule sees SymbolicZero for every input JAX does not perturb,
+    # integers and bools included (their zero has JAX's float0 tangent type).
     if symbolic:
         return SymbolicZero(aval.to_tangent_aval())
+    if not is_inexact(aval):
+        return np.zeros(aval.shape, jax.dtypes.float0)
     return jnp.zeros(aval.shape, aval.dtype)
 
 

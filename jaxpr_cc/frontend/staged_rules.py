@@ -210,7 +210,10 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
             cts = []
             for a, ct in zip(out_avals, ct_avals):
                 if not is_inexact(a):
-                    cts.append(np.zeros(ct.shape, jax.dtypes.float0))
+                    # An integer or bool output's cotangent: SymbolicZero for a
+                    # symbolic-zeros bwd, as JAX gives it; float0 zeros otherwise.
+                    cts.append(jx.symbolic_zero(ct) if p.get("symbolic_zeros", False)
+                               else np.zeros(ct.shape, jax.dtypes.float0))
                     continue
                 value = next(it3)
                 cts.append(value if nonzero is None or next(nonzero)
