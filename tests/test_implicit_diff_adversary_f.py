@@ -106,9 +106,10 @@ def capped_loop(theta):
     return lax.while_loop(cond, body, (jnp.float32(0), jnp.float32(1e3), 0))[0]
 
 
-@pytest.mark.parametrize("adjoint", ["auto", "bicgstab"])
+@pytest.mark.parametrize("adjoint", ["auto", pytest.param("bicgstab", marks=pytest.mark.heavy)])
 @pytest.mark.parametrize("fun,thetas", [(cosine_loop, [0.7, 0.9]),
-                                        (capped_loop, [0.5, 1.05, 0.8])])
+                                        pytest.param(capped_loop, [0.5, 1.05, 0.8],
+                                                     marks=pytest.mark.heavy)])
 def test_reverse_mode_of_a_vmapped_rule(fun, thetas, adjoint):
     thetas = jnp.asarray(thetas, jnp.float32)
     new = rewritten(fun, thetas[0], pipeline=f"implicit-diff{{adjoint={adjoint}}}")
@@ -156,8 +157,9 @@ def curved_in_one_component(theta):
     return jnp.sum(lax.while_loop(cond, body, (x0, x0 + 1e3))[0] * jnp.array([1.0, 2.0, 3.0]))
 
 
-@pytest.mark.parametrize("fun,theta", [(curved_path, 1.0), (curved_path, 0.8),
-                                       (curved_in_one_component, [1.0, 0.5, 2.0])])
+@pytest.mark.parametrize("fun,theta", [(curved_path, 1.0), pytest.param(curved_path, 0.8, marks=pytest.mark.heavy),
+                                       pytest.param(curved_in_one_component, [1.0, 0.5, 2.0],
+                                                    marks=pytest.mark.heavy)])
 def test_a_path_far_from_the_fixed_points_linearization_keeps_its_derivative(fun, theta):
     with jax.enable_x64(True):
         theta = jnp.asarray(theta, jnp.float64)

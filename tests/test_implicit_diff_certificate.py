@@ -110,6 +110,7 @@ def test_a_large_state_with_slow_components_keeps_its_derivative():
     assert_loop_derivative(many_slow_components_at_their_fixed_point, theta, tangent)
 
 
+@pytest.mark.heavy
 def test_higher_derivatives_of_a_loop_that_stopped_early_are_the_loops():
     # Ten steps of x <- cos(theta x): the first derivative is the fixed point's to
     # 5e-5, the second and third differ by 2% and 4.5%.  float64 references.

@@ -239,7 +239,9 @@ FIXED_POINTS = [previous_carry, carried_gap_with_cap, step_size_test, not_allclo
 THETA = np.array([0.3, -0.2, 0.5, 0.1, -0.4, 0.25], np.float32)
 
 
-@pytest.mark.parametrize("fun", FIXED_POINTS, ids=lambda f: f.__name__)
+# One exit-test form in the default run (about 25 s each); the others under -m heavy.
+@pytest.mark.parametrize("fun", [FIXED_POINTS[0]] + [
+    pytest.param(f, marks=pytest.mark.heavy) for f in FIXED_POINTS[1:]], ids=lambda f: f.__name__)
 def test_convergent_fixed_points_keep_every_derivative(fun):
     theta = jnp.asarray(THETA)
     program, new, stats = rewrite_with_stats(fun, theta)
@@ -558,7 +560,7 @@ def test_grad_when_a_state_update_reads_no_parameter(adjoint):
                                                                                 rel=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float16, pytest.param(jnp.bfloat16, marks=pytest.mark.heavy)])
 def test_half_precision_fixed_point(dtype):
     def f(a):
         def cond(s):
@@ -579,8 +581,8 @@ def test_half_precision_fixed_point(dtype):
     assert float(jax.jvp(new, (a,), (jnp.ones_like(a),))[1]) == pytest.approx(4.0, rel=1e-2)
 
 
-@pytest.mark.parametrize("adjoint", ["auto", "bicgstab"] + [
-    pytest.param(a, marks=pytest.mark.heavy) for a in ("gmres", "fixed-point")])
+@pytest.mark.parametrize("adjoint", ["bicgstab"] + [
+    pytest.param(a, marks=pytest.mark.heavy) for a in ("auto", "gmres", "fixed-point")])
 def test_mixed_float32_float64_state(adjoint):
     with jax.enable_x64(True):
         def f(a):

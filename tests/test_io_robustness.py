@@ -744,7 +744,8 @@ def refuse(path, label: str) -> str:
     return message
 
 
-@pytest.mark.parametrize("category", list(GENERATORS))
+@pytest.mark.parametrize("category", [
+    pytest.param(c, marks=pytest.mark.heavy) if c == "every_param_type" else c for c in GENERATORS])
 def test_malformed_files_are_refused(category, tmp_path):
     workdir = tmp_path / "work"
     workdir.mkdir()

@@ -130,6 +130,7 @@ def vmapped_fixed_point(th):
     return jax.vmap(one)(th)
 
 
+@pytest.mark.heavy
 def test_vmapped_fixed_point_loop():
     """The vmapped loop has a batched exit test; each element is its own fixed
     point x = t cos x, dx/dt = cos x / (1 + t sin x)."""
@@ -187,6 +188,7 @@ def tanh_fixed_point(th):
     return lax.while_loop(keep_going, step, (jnp.zeros(3), jnp.full(3, 1e9)))[0]
 
 
+@pytest.mark.heavy
 def test_implicit_diff_output_saves_and_emits(tmp_path):
     """The rules implicit-diff builds are first-order: save/load and emit_python
     work without a later closure-convert, and give the same gradient."""
@@ -406,6 +408,7 @@ def averaging(x0, a):
     return jnp.sum(x * jnp.arange(x0.shape[0], dtype=jnp.float32))
 
 
+@pytest.mark.heavy
 def test_a_singular_adjoint_keeps_the_loops_derivative_on_the_iterative_path():
     x0, a = jnp.linspace(0., 1., 100, dtype=jnp.float32), jnp.float32(0.5)
     new = run_passes(jaxpr_cc.trace(averaging, x0, a), "implicit-diff")
