@@ -223,22 +223,24 @@ def _has_vjp(recipe):
 
 
 def _vjp_pattern_decided_late(recipe) -> bool:
-    """A symbolic-zeros custom_vjp whose perturbation pattern is decided only when
-    the program is differentiated (an operand from p: a program input, not
-    differentiated here), possibly through a function nested in another's primal."""
+    """A symbolic-zeros custom_vjp nested in another function's primal whose
+    perturbation pattern is decided only when the program is differentiated (an
+    operand from p: a program input, not differentiated here): nested rules keep the
+    rule traced with every input perturbed (docs/closure.md)."""
     customs, steps = recipe
 
-    def symbolic_vjp(i):
+    def nested_symbolic_vjp(i):
         spec = customs[i]
-        inner = spec["nested"] and i > 0 and symbolic_vjp(i - 1)
-        return (spec["kind"] == "vjp" and spec["symbolic_zeros"]) or inner
-    return any(symbolic_vjp(step["fn"]) and "p" in (step["a"], step["b"]) for step in steps)
+        if not (spec["nested"] and i > 0):
+            return False
+        inner = customs[i - 1]
+        return (inner["kind"] == "vjp" and inner["symbolic_zeros"]) or nested_symbolic_vjp(i - 1)
+    return any(nested_symbolic_vjp(step["fn"]) and "p" in (step["a"], step["b"])
+               for step in steps)
 
 
 def _staged_vjp_pattern_decided_late(recipe) -> bool:
-    """As above, for a call under vmap: JAX stages the batched custom_vjp itself and
-    the closure-convert pass materializes it with every argument perturbed (no
-    variants for staged custom_vjp rules yet: docs/closure.md)."""
+    """As above, for a call under vmap (JAX stages the batched custom_vjp itself)."""
     customs, steps = recipe
     return _vjp_pattern_decided_late((customs, [s for s in steps if s["vmap"]]))
 
@@ -283,9 +285,8 @@ def check(recipe):
         for label, (candidate, forward) in candidates.items():
             got = results_of(candidate, recipe, jax_reference=False, forward=forward)
             want = {k: v for k, v in reference.items() if k in got}
-            # A Program differentiated as called runs vjp-to-jvp first, which does not
-            # carry a custom_vjp's symbolic-zero variants yet (docs/closure.md; the
-            # strict xfail in test_closure_symbolic_zero_patterns.py tracks it).
+            # Nested symbolic-zeros custom_vjp rules see every input perturbed
+            # (docs/closure.md): values and vmap only.
             if (late and forward) or staged_late:
                 got = {k: v for k, v in got.items() if k in ("value", "vmap")}
                 want = {k: v for k, v in want.items() if k in ("value", "vmap")}
