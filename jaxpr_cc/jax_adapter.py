@@ -1251,26 +1251,40 @@ def subjaxprs_of(eqn) -> list:
 
 # ---------------------------------------------------------------------------
 # --- sharding requests on operands (passes/cse.py) -------------------------
+def _constraint_requests(name, p):
+    return ((name, p.get("sharding"), p.get("unconstrained_dims")),)
+
+
+def _shard_map_requests(name, p):
+    return tuple((name, p.get("mesh"), spec) for spec in p.get("in_specs", ()))
+
+
+def _jit_requests(name, p):
+    shardings = p.get("in_shardings") or ()
+    if all(isinstance(s, UnspecifiedValue) for s in shardings):
+        return None
+    return tuple(None if isinstance(s, UnspecifiedValue) else ("jit", s) for s in shardings)
+
+
+def _device_put_requests(name, p):
+    return tuple(None if d is None else (name, d) for d in p.get("devices", ()))
+
+
+#: The primitives whose params ask an operand for a sharding, by name.
+_SHARDING_REQUESTS = {"sharding_constraint": _constraint_requests,
+                      "shard_map": _shard_map_requests,
+                      "jit": _jit_requests, "pjit": _jit_requests,
+                      "device_put": _device_put_requests}
+
+
 def operand_sharding_requests(eqn) -> tuple | None:
     """Per operand of a jaxpr-cc equation, a hashable description of the sharding it
     asks its operand to have (None: no request), or None when the equation asks
     for none at all.  XLA propagates such a request backwards to the producer of
     the operand, so two equal computations with different requests downstream are
     laid out differently by jax.jit and must stay two computations."""
-    name = eqn.prim.name
-    p = eqn.params
-    if name == "sharding_constraint":
-        return ((name, p.get("sharding"), p.get("unconstrained_dims")),)
-    if name == "shard_map":
-        return tuple((name, p.get("mesh"), spec) for spec in p.get("in_specs", ()))
-    if name in ("jit", "pjit"):
-        shardings = p.get("in_shardings") or ()
-        if all(isinstance(s, UnspecifiedValue) for s in shardings):
-            return None
-        return tuple(None if isinstance(s, UnspecifiedValue) else ("jit", s) for s in shardings)
-    if name == "device_put":
-        return tuple(None if d is None else (name, d) for d in p.get("devices", ()))
-    return None
+    rule = _SHARDING_REQUESTS.get(eqn.prim.name)
+    return None if rule is None else rule(eqn.prim.name, eqn.params)
 # ---------------------------------------------------------------------------
 
 

@@ -118,10 +118,18 @@ class _CSE:
         blocked_prims: dict = {}  # Primitive -> whether its name is in ``blocked``
         # Nested regions first: a request inside one is keyed by the region's
         # (simplified) structure.
+        # One walk also collects the equations that make sharding requests.
+        direct = []
         for eqn in region.equations:
-            for _, _, sub in eqn.regions():
-                merged += self.region(sub)
-        requests = _downstream_requests(region, self._nested_requests)
+            req = operand_sharding_requests(eqn)
+            if eqn.has_regions():
+                for _, _, sub in eqn.regions():
+                    merged += self.region(sub)
+                if req is None:
+                    req = self._nested_requests(eqn)
+            if req is not None:
+                direct.append((eqn, req))
+        requests = _downstream_requests(region, direct) if direct else {}
         for eqn in region.equations:
             prim = eqn.prim
             params = eqn.params
@@ -163,19 +171,11 @@ class _CSE:
 _NONE: frozenset = frozenset()
 
 
-def _downstream_requests(region: Region, nested) -> dict:
+def _downstream_requests(region: Region, direct: list) -> dict:
     """Value -> the set of sharding requests its value reaches, directly or through
-    the equations of ``region`` that read it (empty when the region makes none).
-    ``nested(eqn)``: the requests made inside ``eqn``'s regions, per operand."""
-    direct = []
-    for eqn in region.equations:
-        req = operand_sharding_requests(eqn)
-        if req is None:
-            req = nested(eqn)
-        if req is not None:
-            direct.append((eqn, req))
-    if not direct:
-        return {}
+    the equations of ``region`` that read it.  ``direct``: ``(eqn, per-operand
+    requests)`` for each equation of ``region`` that makes one (itself or inside
+    its regions)."""
     out: dict = {}
     for eqn, req in direct:
         for atom, r in zip(eqn.inputs, req):
