@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +22,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 import jaxpr_cc
+from emitted import emitted_function
 from jaxpr_cc.io import dumps, loads
 
 X = jnp.array([0.3, 1.0], jnp.float32)
@@ -70,15 +70,6 @@ def vmapped_both(x, p):
     return jnp.sum(y1 + y2 * y2)
 
 
-def _emitted(program, tmp_path):
-    path = tmp_path / f"{program.name}.py"
-    jaxpr_cc.write_python(program, path)
-    spec = importlib.util.spec_from_file_location(f"emitted_{program.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, program.name)
-
-
 def _derivatives(fn):
     return {"value": fn(X, P),
             "grad x": jax.grad(fn)(X, P),
@@ -98,7 +89,7 @@ def test_staged_symbolic_zero_vjp_under_vmap(fun, tmp_path):
     pipelined = jaxpr_cc.run_passes(program, jaxpr_cc.DEFAULT_PIPELINE)
     candidates = {"trace": program, "pipeline": pipelined, "save-load": loads(dumps(pipelined)),
                   "jit": jaxpr_cc.jit(fun), "jit reverse": jaxpr_cc.jit(fun, forward_mode=False),
-                  "emit": _emitted(pipelined, tmp_path)}
+                  "emit": emitted_function(pipelined, tmp_path)}
     for name, candidate in candidates.items():
         got = _derivatives(candidate)
         for key, want in reference.items():

@@ -13,7 +13,6 @@ running the same function.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 import textwrap
 
@@ -24,6 +23,7 @@ import pytest
 from jax.custom_derivatives import SymbolicZero
 
 import jaxpr_cc
+from emitted import emitted_function
 from jaxpr_cc.frontend.staged_rules import convert_program
 from jaxpr_cc.io import dumps, loads
 
@@ -32,20 +32,11 @@ def _is_zero(t):
     return isinstance(t, SymbolicZero)
 
 
-def _emitted(program, tmp_path):
-    path = tmp_path / f"{program.name}.py"
-    jaxpr_cc.write_python(program, path)
-    spec = importlib.util.spec_from_file_location(f"emitted_{program.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, program.name)
-
-
 def _variants(fun, args, tmp_path):
     program = jaxpr_cc.trace(fun, *args)
     pipelined = jaxpr_cc.run_passes(program, jaxpr_cc.DEFAULT_PIPELINE)
     return {"trace": program, "pipeline": pipelined, "save-load": loads(dumps(pipelined)),
-            "emit": _emitted(pipelined, tmp_path), "jit": jaxpr_cc.jit(fun)}
+            "emit": emitted_function(pipelined, tmp_path), "jit": jaxpr_cc.jit(fun)}
 
 
 def _check(fun, args, transforms, tmp_path):

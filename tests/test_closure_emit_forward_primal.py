@@ -7,7 +7,6 @@ differences of the original function (JAX itself refuses: the closed-over value 
 perturbed)."""
 from __future__ import annotations
 
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +15,7 @@ import pytest
 from jax import lax
 
 import jaxpr_cc
+from emitted import emitted_function
 
 
 def _inner_rule(nonlinear_bwd: bool):
@@ -63,15 +63,6 @@ def _fd(f, k, h=1e-6):
         return float((f(k64 + h) - f(k64 - h)) / (2 * h))
 
 
-def _emitted(program, tmp_path):
-    path = tmp_path / "emitted.py"
-    jaxpr_cc.write_python(program, path)
-    spec = importlib.util.spec_from_file_location("emitted_forward_primal", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, program.name)
-
-
 @pytest.mark.parametrize("nonlinear_bwd", [False, True], ids=["linear-bwd", "nonlinear-bwd"])
 @pytest.mark.parametrize("pipeline", [None, jaxpr_cc.DEFAULT_PIPELINE], ids=["traced", "default"])
 def test_emitted_grad_through_inner_custom_vjp(tmp_path, nonlinear_bwd, pipeline):
@@ -80,7 +71,7 @@ def test_emitted_grad_through_inner_custom_vjp(tmp_path, nonlinear_bwd, pipeline
     program = jaxpr_cc.trace(f, k)
     if pipeline is not None:
         program = jaxpr_cc.run_passes(program, pipeline)
-    emitted = _emitted(program, tmp_path)
+    emitted = emitted_function(program, tmp_path)
     reference = _fd(f, 0.7)
     np.testing.assert_allclose(float(emitted(k)), float(f(k)), rtol=1e-6)
     np.testing.assert_allclose(float(jax.grad(program)(k)), reference, rtol=2e-4)

@@ -9,7 +9,6 @@ wrong pattern gives a wrong number.  References: JAX running the same function.
 """
 from __future__ import annotations
 
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +17,7 @@ import pytest
 from jax.custom_derivatives import SymbolicZero
 
 import jaxpr_cc
+from emitted import emitted_function
 from jaxpr_cc.io import dumps, loads
 from jaxpr_cc.passes.vjp_to_jvp import with_forward_mode
 
@@ -59,15 +59,6 @@ def under_vmap(x, p):
     return jnp.sum(jax.vmap(_rule(), in_axes=(0, None))(x, p[0]))
 
 
-def _emitted(program, tmp_path):
-    path = tmp_path / f"{program.name}.py"
-    jaxpr_cc.write_python(program, path)
-    spec = importlib.util.spec_from_file_location(f"emitted_{program.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, program.name)
-
-
 def _derivatives(fn, wrt_p: bool):
     out = {"grad x": jax.grad(fn)(X, P),
            "jvp x": jax.jvp(lambda x: fn(x, P), (X,), (jnp.ones_like(X),))[1],
@@ -86,7 +77,7 @@ def test_rule_sees_jax_perturbation_pattern(fun, wrt_p, tmp_path):
     program = jaxpr_cc.trace(fun, X, P)
     pipelined = jaxpr_cc.run_passes(program, jaxpr_cc.DEFAULT_PIPELINE)
     candidates = {"trace": program, "pipeline": pipelined, "save-load": loads(dumps(pipelined)),
-                  "jit": jaxpr_cc.jit(fun), "emit": _emitted(pipelined, tmp_path)}
+                  "jit": jaxpr_cc.jit(fun), "emit": emitted_function(pipelined, tmp_path)}
     for name, candidate in candidates.items():
         got = _derivatives(candidate, wrt_p)
         for key, want in reference.items():
@@ -185,7 +176,7 @@ def test_custom_vjp_rule_sees_jax_perturbation_pattern(fun, wrt_p, tmp_path):
     candidates = {"trace": _as_custom_vjp(program), "pipeline": _as_custom_vjp(pipelined),
                   "save-load": _as_custom_vjp(loads(dumps(pipelined))),
                   "jit": jaxpr_cc.jit(fun, forward_mode=False),
-                  "emit": _emitted(pipelined, tmp_path)}
+                  "emit": emitted_function(pipelined, tmp_path)}
     for name, candidate in candidates.items():
         got = _vjp_derivatives(candidate, wrt_p)
         for key, want in reference.items():
