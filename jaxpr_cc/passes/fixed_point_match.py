@@ -133,7 +133,7 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
     gaps: set[int] = set()
     cap_joins: dict = {}
     test = convergence_test(cond_closed.jaxpr, cond_n, body_closed.jaxpr, body_n, kinds, copies,
-                            cap_joins)
+                            cap_joins, operands=list(eqn.inputs))
     if isinstance(test, str):
         if not forced:
             return test
@@ -204,6 +204,12 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
 #   fixed   -- reads only constants and counters (an iteration cap, a tolerance)
 #   iterate -- reads the iterates' values, not their change (a relative tolerance)
 #   new/old -- a state carry's current / previous value (``carries`` = which)
+#   next    -- the update applied to the current value, ``T(x)`` (the same
+#              equations, on the same operands, as the body's update of the
+#              carry: ``_update_images``); ``x - T(x)`` is the residual, the
+#              change the next iteration would make
+#   image   -- a value computed from the current iterate by something that is
+#              not the loop's update (``x - g(x)`` proves nothing about T)
 #   diff    -- a signed, elementwise change ``x_{k+1} - x_k`` (possibly scaled)
 #   measure -- a nonnegative size of that change (|d|, d^2, max, sum, norm)
 #   big     -- a boolean whose falsehood means the carries have converged, or
@@ -212,7 +218,9 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
 #   bad     -- the change is used in a way that proves nothing (``why`` says how)
 #
 # The loop is a fixed-point solve when the condition's result is ``big`` for
-# every state carry.
+# every state carry.  Differences of two successive values are changes (old and
+# new, or new and next); old and next are two steps apart (a period-2
+# oscillation has no change over two steps), which proves nothing.
 @dataclass(frozen=True)
 class _Tag:
     kind: str
@@ -225,6 +233,8 @@ class _Tag:
 
 
 _FIXED, _ITERATE = _Tag("fixed"), _Tag("iterate")
+# Tags of values that are not the change (nor a test of it).
+_FREE = ("fixed", "iterate", "new", "old", "next")
 # Operations that move or copy elements without changing them.  A conversion
 # keeps a change a change only between floating-point types (to an integer it
 # rounds: x.astype(int) != xp.astype(int) does not test convergence).
@@ -295,7 +305,7 @@ def _free_sign(eqn, tags: Sequence[_Tag]) -> str:
 
 
 def _interpret(jaxpr, in_tags: Sequence[_Tag], seeds: dict | None = None,
-               notes: dict | None = None) -> list[_Tag]:
+               notes: dict | None = None, hints: dict | None = None) -> list[_Tag]:
     """Tags of ``jaxpr``'s outputs; ``seeds`` (var -> tag) override what an
     equation computes (the body's new iterates and steps)."""
     seeds = seeds or {}
@@ -304,7 +314,7 @@ def _interpret(jaxpr, in_tags: Sequence[_Tag], seeds: dict | None = None,
         # A seed names what a plain value is; a value already seen to be a
         # change or a test of it (a gap the body carries) keeps that meaning.
         seed = seeds.get(v)
-        return seed if seed is not None and t.kind in ("fixed", "iterate", "new", "old") else t
+        return seed if seed is not None and t.kind in _FREE else t
 
     for v, t in zip(jaxpr.invars, in_tags):
         env[v] = seeded(v, t)
@@ -313,38 +323,53 @@ def _interpret(jaxpr, in_tags: Sequence[_Tag], seeds: dict | None = None,
         return _literal_tag(atom.val) if isinstance(atom, jx.Literal) else env.get(atom, _FIXED)
 
     for eqn in jaxpr.eqns:
-        outs = _transfer(eqn, [read(a) for a in eqn.invars], eqn.invars, notes)
+        outs = _transfer(eqn, [read(a) for a in eqn.invars], eqn.invars, notes, hints)
         for v, t in zip(eqn.outvars, outs):
             env[v] = seeded(v, t)
     return [read(a) for a in jaxpr.outvars]
 
 
 def _plain(eqn, tags: Sequence[_Tag]) -> _Tag:
-    """The tag of an operation that does not look at the change specially."""
+    """The tag of an operation that does not look at the change specially.  An
+    ``iterate`` remembers which current iterates it reads (``carries``), so that
+    ``x - g(x)`` with ``g`` not the loop's update can be named in the reason."""
     for t in tags:
         if t.kind == "bad":
             return t
     kind = "iterate" if any(t.kind != "fixed" for t in tags) else "fixed"
-    if len(eqn.outvars) != 1 or not all(t.kind in ("fixed", "iterate", "new", "old")
+    reads = frozenset().union(*(t.carries for t in tags
+                                if t.kind in ("new", "old", "next", "iterate")))
+    if len(eqn.outvars) != 1 or not all(t.kind in _FREE
                                         for t in tags):
-        return _Tag(kind)
-    return _Tag(kind, sign=_free_sign(eqn, tags))
+        return _Tag(kind, reads if kind == "iterate" else frozenset())
+    return _Tag(kind, reads if kind == "iterate" else frozenset(), sign=_free_sign(eqn, tags))
 
 
-def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None) -> list[_Tag]:
+def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
+              hints: dict | None = None) -> list[_Tag]:
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     sub = _sub_jaxpr(eqn)
     if sub is not None and len(sub.invars) == len(tags):
-        return _interpret(sub, tags, notes=notes)
+        return _interpret(sub, tags, notes=notes, hints=hints)
     kinds = [t.kind for t in tags]
-    special = [t for t in tags if t.kind not in ("fixed", "iterate", "new", "old")]
+    special = [t for t in tags if t.kind not in _FREE]
     if not special:
-        if name in ("sub", "ne", "eq") and len(tags) == 2 and {kinds[0], kinds[1]} == {"new", "old"} \
+        # Successive values: (old, new) -- the change the body made -- or (new,
+        # next) -- the residual x - T(x), the change the next step would make.
+        if name in ("sub", "ne", "eq") and len(tags) == 2 and \
+                {kinds[0], kinds[1]} in ({"new", "old"}, {"new", "next"}) \
                 and tags[0].carries == tags[1].carries:
             kind = {"sub": "diff", "ne": "big", "eq": "small"}[name]
             return [_Tag(kind, tags[0].carries)]
-        if (_keeps_values(eqn) or name == "neg") and kinds[0] in ("new", "old") and len(tags) == 1:
+        if name in ("sub", "ne", "eq") and len(tags) == 2 and hints is not None:
+            if {kinds[0], kinds[1]} == {"old", "next"} and tags[0].carries == tags[1].carries:
+                hints.setdefault("two steps", set()).update(tags[0].carries)
+            for x, gx in (tags, tags[::-1]):
+                if x.kind in ("new", "old") and gx.kind == "iterate" and x.carries & gx.carries:
+                    hints.setdefault("image", set()).update(x.carries)
+        if (_keeps_values(eqn) or name == "neg") and kinds[0] in ("new", "old", "next") \
+                and len(tags) == 1:
             return [tags[0]]
         return [_plain(eqn, tags)] * n_out
     bad = next((t for t in tags if t.kind == "bad"), None)
@@ -356,7 +381,7 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None) -> list[_
     what = f"'{name}' of the change of the iterate"
 
     def free(ts):
-        return all(t.kind in ("fixed", "iterate", "new", "old") for t in ts)
+        return all(t.kind in _FREE for t in ts)
 
     if one.kind == "diff":
         if (_keeps_values(eqn) or name == "neg") and len(tags) == 1:
@@ -474,24 +499,32 @@ def _carry_tags(kinds, copies) -> list[_Tag]:
 
 
 def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
-                     copies: dict[int, int], cap_joins: dict | None = None
-                     ) -> tuple[set[int], set[int]] | str:
+                     copies: dict[int, int], cap_joins: dict | None = None,
+                     operands: Sequence | None = None) -> tuple[set[int], set[int]] | str:
     """``(covered, gaps)``: the state carries whose convergence the exit test
     checks, and the carries that hold a convergence gap the body computes; or a
-    one-line reason the condition is not a convergence test."""
+    one-line reason the condition is not a convergence test.  ``operands`` (the
+    loop's operands) let the condition's or the body's recomputation of the
+    update ``T(x)`` be recognized (a residual ``x - T(x)``): the same equations
+    on the same operands."""
     m = len(kinds)
     carry_in = _carry_tags(kinds, copies)
     body_in = [_FIXED] * body_n + [_Tag("old", frozenset({i})) if k == STATE else
                                    (_FIXED if k in (COUNTER, INVARIANT) else _ITERATE)
                                    for i, k in enumerate(kinds)]
-    body_out = _interpret(body, body_in, _body_seeds(body, body_n, kinds))
+    body_seeds, cond_seeds = ({}, {}) if operands is None else \
+        _update_images(cond, cond_n, body, body_n, kinds, operands)
+    body_seeds.update(_body_seeds(body, body_n, kinds))
+    hints: dict = {}
+    body_out = _interpret(body, body_in, body_seeds, hints=hints)
     gaps: set[int] = set()
     cond_in = list(carry_in)
     for i, t in enumerate(body_out):
         if t.kind in ("diff", "measure", "big", "small") and kinds[i] not in (INVARIANT, PREVIOUS):
             gaps.add(i)
             cond_in[i] = t
-    (result,) = _interpret(cond, [_FIXED] * cond_n + cond_in, notes=cap_joins)
+    (result,) = _interpret(cond, [_FIXED] * cond_n + cond_in, cond_seeds, notes=cap_joins,
+                           hints=hints)
     if result.kind == "bad":
         return f"the exit test is not a convergence test: {result.why}"
     if result.kind == "small":
@@ -499,15 +532,126 @@ def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
     if result.kind != "big":
         reads = _cond_reads(cond, cond_n, m)
         floats = [i for i in reads if kinds[i] not in (COUNTER, INVARIANT)]
+        if hints.get("two steps"):
+            which = sorted(hints["two steps"])
+            return (f"the exit test measures x_k - T(x_(k+1)) for carr{'y' if len(which) == 1 else 'ies'} "
+                    f"{', '.join(map(str, which))}, a change over two iterations (which a "
+                    f"period-2 oscillation also makes small), not the change of one step nor "
+                    f"the residual x - T(x)")
+        if hints.get("image"):
+            which = sorted(hints["image"])
+            return (f"the exit test measures x - g(x) for carr{'y' if len(which) == 1 else 'ies'} "
+                    f"{', '.join(map(str, which))} with g not the loop's update T (not the same "
+                    f"equations on the same operands as the body's), so it is not the residual "
+                    f"x - T(x) of the iteration and proves no convergence")
         if not floats:
             what = "only iteration counters and constants (a counted loop)"
         else:
             what = ("the value of carr" + ("y " if len(floats) == 1 else "ies ") +
                     ", ".join(str(i) for i in floats) + ", not its change between iterations "
                     "(like 'while t < T' or 'while x < 10', which are not fixed-point solves)")
-        return (f"the exit test is not a convergence test |x_(k+1) - x_k| > tol: the condition "
-                f"tests {what}")
+        return (f"the exit test is not a convergence test |x_(k+1) - x_k| > tol nor a residual "
+                f"|x - T(x)| > tol: the condition tests {what}")
     return set(result.carries), gaps
+
+
+# ---------------------------------------------- recomputations of the update
+#: Sub-jaxprs (calls) up to this many equations are compared by their text;
+#: larger ones only by identity (keeps the matcher linear on nested solvers).
+_COMPARED_CALL_SIZE = 200
+
+
+class _Numbering:
+    """Value numbers: two values get the same number when the same equations
+    compute them from the same operands (the loop's operands by identity,
+    literals by value)."""
+
+    def __init__(self):
+        self.table: dict = {}
+        self.texts: dict = {}
+
+    def intern(self, key) -> int:
+        return self.table.setdefault(key, len(self.table))
+
+    def _param(self, v):
+        if hasattr(v, "eqns") or hasattr(v, "jaxpr"):
+            inner = getattr(v, "jaxpr", v)
+            if len(getattr(inner, "eqns", ())) > _COMPARED_CALL_SIZE:
+                return ("id", id(v))
+            if id(v) not in self.texts:
+                self.texts[id(v)] = (v, str(v))
+            return ("text", self.texts[id(v)][1])
+        if isinstance(v, (tuple, list)):
+            return tuple(self._param(x) for x in v)
+        try:
+            hash(v)
+            return v
+        except TypeError:
+            return ("repr", repr(v))
+
+    def literal(self, atom) -> int:
+        v = np.asarray(atom.val)
+        return self.intern(("literal", str(v.dtype), v.shape, v.tobytes()))
+
+    def run(self, jaxpr, in_numbers) -> dict:
+        env = dict(zip(jaxpr.invars, in_numbers))
+
+        def read(a):
+            if isinstance(a, jx.Literal):
+                return self.literal(a)
+            if a not in env:
+                env[a] = self.intern(("unknown", id(a)))
+            return env[a]
+
+        for eqn in jaxpr.eqns:
+            ins = tuple(read(a) for a in eqn.invars)
+            if eqn.effects:
+                head = self.intern(("effect", id(eqn)))
+            else:
+                params = tuple(sorted((k, self._param(v)) for k, v in eqn.params.items()))
+                head = self.intern((eqn.primitive.name, params, ins))
+            for j, v in enumerate(eqn.outvars):
+                env[v] = self.intern((head, j))
+        return env
+
+
+def _update_images(cond, cond_n: int, body, body_n: int, kinds: list[str], operands):
+    """Seeds naming the recomputations of the update: ``(body seeds, condition
+    seeds)``, var -> tag.  In the body a value equal to the update of the
+    incoming carries is ``new`` (``x - T(x)`` written with ``T`` called again),
+    one equal to the update of the body's own results is ``next`` (the residual
+    at the new iterate); in the condition (which sees the new iterate), a
+    value equal to the update of its carries is ``next``."""
+    numbers = _Numbering()
+
+    def outer(j):
+        a = operands[j]
+        return numbers.literal(a) if isinstance(a, jx.Literal) else numbers.intern(("operand", id(a)))
+
+    m = len(kinds)
+    carry_numbers = [numbers.intern(("carry", i)) for i in range(m)]
+    body_consts = [outer(cond_n + k) for k in range(body_n)]
+    once = numbers.run(body, body_consts + carry_numbers)
+
+    def number(env, a):
+        return numbers.literal(a) if isinstance(a, jx.Literal) else env[a]
+
+    new_numbers = [number(once, a) for a in body.outvars]
+    twice = numbers.run(body, body_consts + new_numbers)
+    next_numbers = [number(twice, a) for a in body.outvars]
+    state = [i for i, k in enumerate(kinds) if k == STATE]
+    new_of = {new_numbers[i]: i for i in state}
+    next_of = {next_numbers[i]: i for i in state if next_numbers[i] != new_numbers[i]}
+    body_seeds: dict = {}
+    for v, n in once.items():
+        if n in next_of:
+            body_seeds[v] = _Tag("next", frozenset({next_of[n]}))
+        elif n in new_of and v not in body.invars:
+            body_seeds[v] = _Tag("new", frozenset({new_of[n]}))
+    cond_env = numbers.run(cond, [outer(j) for j in range(cond_n)] + new_numbers)
+    cond_seeds = {v: _Tag("next", frozenset({next_of[n]}))
+                  for v, n in cond_env.items() if n in next_of}
+    return body_seeds, cond_seeds
 
 
 def _cond_reads(cond, cond_n: int, m: int) -> list[int]:
