@@ -116,6 +116,13 @@ class ImplicitDiff(Pass):
     def run(self, program, ctx: PassContext):
         found = _while_loops(program.body)
         selected = self._selection(found)
+        # A loop holding loops is snapshot before those are rewritten: its
+        # fallback derivative (the loop's own, by forward mode through its
+        # iterations) then runs through the original inner loops -- the same
+        # derivative, without tracing the inner rules' levels once per level of
+        # the outer one (which made nested fixed points cost minutes).
+        originals = {id(eqn): region_to_closed_jaxpr(_loop_region(eqn)).jaxpr
+                     for _, eqn in found if _holds_while(eqn)}
         changed = False
         # Reverse pre-order: loops nested in a loop body are rewritten before the
         # loop that contains them, whose update then uses their implicit rule.
@@ -135,7 +142,7 @@ class ImplicitDiff(Pass):
             reason = _custom_vjp_reason(eqn)
             if reason is None:
                 try:
-                    _replace(region, eqn, match, self, where,
+                    _replace(region, eqn, match, self, where, originals.get(id(eqn)),
                              start_may_move=any(_may_move(region, eqn.inputs[match.carry_operand(i)])
                                                 for i in match.state))
                 except Exception as e:  # noqa: BLE001 -- a loop the rule cannot be built for is left alone
@@ -247,6 +254,21 @@ def _while_loops(body: Region) -> list[tuple[Region, Equation]]:
     return out
 
 
+def _holds_while(eqn: Equation) -> bool:
+    todo = [sub for _, _, sub in eqn.regions()]
+    seen: set[int] = set()
+    while todo:
+        region = todo.pop()
+        if id(region) in seen:
+            continue
+        seen.add(id(region))
+        for inner in region.equations:
+            if inner.prim.name == "while":
+                return True
+            todo.extend(sub for _, _, sub in inner.regions())
+    return False
+
+
 def _where(eqn) -> str:
     text = jx.source_summary(eqn.source_info)
     return text or "unknown source"
@@ -292,8 +314,8 @@ def _may_move(region: Region, atom) -> bool:
 
 
 def _replace(region: Region, eqn: Equation, loop: FixedPointLoop, options: ImplicitDiff,
-             where: str, start_may_move: bool) -> None:
-    params = _custom_jvp_params(eqn, loop, options, where, start_may_move)
+             where: str, original, start_may_move: bool) -> None:
+    params = _custom_jvp_params(eqn, loop, options, where, start_may_move, original)
     outputs = [Value(v.aval, name=v.name) for v in eqn.outputs]
     count = Value(params["call_jaxpr"].outvars[-1].aval)   # the iteration count (unused)
     new = Equation(jx.custom_jvp_call_p, list(eqn.inputs), [*outputs, count], params,
@@ -447,7 +469,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
 
 
 def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDiff,
-                       where: str, start_may_move: bool) -> dict:
+                       where: str, start_may_move: bool, original=None) -> dict:
     """First-order ``custom_jvp_call`` params: the primal is the loop (counting its
     iterations); the jvp rule computes the fixed point with the rule one level down
     (the innermost level runs the loop) and its tangent by the implicit function
@@ -458,8 +480,10 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
     call = _counting_loop(loop, op_avals, f"{info.name}_loop")
     call_region = region_from_closed_jaxpr(call)
     state_size = sum(int(np.prod(eqn.outputs[i].aval.shape)) for i in loop.state)
-    loop_fn = functools.partial(jx.eval_jaxpr, region_to_closed_jaxpr(_loop_region(eqn)).jaxpr,
-                                ())
+    # (``original``: the loop before the loops it holds were rewritten.)
+    loop_fn = functools.partial(
+        jx.eval_jaxpr, original if original is not None else
+        region_to_closed_jaxpr(_loop_region(eqn)).jaxpr, ())
     tangent = _tangent_map(loop, _Solver(options, state_size), op_avals,
                            [v.aval for v in eqn.outputs], loop_fn, options, start_may_move)
     t_avals = [jx.to_cotangent_aval(a) for a in op_avals if _inexact(a)]
