@@ -15,8 +15,11 @@ invariant carries (not a counter, not a previous iterate), and the exit test is
 the convergence of every state carry: the loop runs while the change
 ``x_(k+1) - x_k`` between successive iterates (taken from a previous-iterate carry,
 or computed by the body and carried as a gap, or the step ``s`` of an update
-``x <- x + s``) has a size above a tolerance, optionally also while an iteration
-counter is below a cap (``convergence_test``).  A loop that runs while the
+``x <- x + s``) -- or the residual ``x - T(x)`` of the map the loop iterates
+(``T`` recomputed by the condition on the carried iterate, or by the body on
+the iterate it returns, and the residual carried) -- has a size above a
+tolerance, optionally also while an iteration counter is below a cap
+(``convergence_test``).  A loop that runs while the
 iterate itself passes a test (explicit time stepping ``while t < T``, a growth
 loop ``while x < 10``) or while a counter does is not a fixed-point solve: it is
 left alone unless forced.  Carries holding the convergence gap are auxiliary:

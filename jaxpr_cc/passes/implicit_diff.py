@@ -2,7 +2,8 @@
 
 A ``while`` loop that iterates ``x <- f(theta, x)`` and whose exit test is the
 convergence of the iterate (see ``fixed_point_match``: the change
-``|x_(k+1) - x_k|`` against a tolerance, with or without an iteration cap) is
+``|x_(k+1) - x_k|`` or the residual ``|x - T(x)|`` against a tolerance, with or
+without an iteration cap) is
 replaced by a first-order ``custom_jvp_call``:
 
 * primal: the original loop, with an iteration counter (an extra, unused result);
@@ -356,7 +357,10 @@ def _counting_loop(loop: FixedPointLoop, op_avals, name: str):
             return ran
 
         def step(carry):
-            running = test(carry)
+            # An unbatched body runs only while the test holds: no second
+            # evaluation of the test per step (a vmap of this loop batches it,
+            # and JAX's batched while keeps the finished elements' carries).
+            running = test(carry) if test_shape else jnp.bool_(True)
             new = jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *carry[:-1])
             if test_shape:
                 # What JAX's lowering of a batched test does: finished elements
@@ -415,7 +419,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
 
         def step(c):
             carries, count, v, log_g, log_h, log_w, recent, since = c
-            running = test(carries)
+            running = test(carries) if test_shape else jnp.bool_(True)
 
             def body_of_state(*xs):
                 full = list(carries)
