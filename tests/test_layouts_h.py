@@ -77,3 +77,81 @@ def test_allow_list_only_shrinks():
 def test_detector_sees_a_param_read_and_a_keyword():
     tree = ast.parse("n = eqn.params['body_nconsts']\nf(linear=(False,))\ng('linear')")
     assert _named_params(tree) == {"body_nconsts", "linear"}
+
+
+# ----------------------------------------------------------------- loop layouts
+def _loops():
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.linspace(0.0, 1.0, 3, dtype=jnp.float32)
+    w = jnp.float32(0.5)
+
+    def while_prog(x, w):
+        # The condition closes over ``limit``, the body over ``w``: one constant each.
+        limit = jnp.sum(x) + 3.0
+
+        def cond(c):
+            return c[1] < limit
+
+        def body(c):
+            a, s, i = c
+            return a * w, s + 1.0, i + 1
+
+        return jax.lax.while_loop(cond, body, (x, jnp.float32(0.0), 0))
+
+    def scan_prog(x, w):
+        def step(carry, xs):
+            a, b = carry
+            return (a * w + xs, b), (a + xs, xs * 2.0)
+
+        return jax.lax.scan(step, (jnp.float32(1.0), w), x)
+
+    return [(while_prog, (x, w)), (scan_prog, (x, w))]
+
+
+def _avals(atoms):
+    return [a.aval for a in atoms]
+
+
+def test_loop_layout_agrees_with_the_loops_jax_stages():
+    import jaxpr_cc
+    from jaxpr_cc.ir.layouts import loop_of, resized_params, structural_params
+
+    seen = set()
+    for fun, args in _loops():
+        program = jaxpr_cc.trace(fun, *args)
+        for region in program.body.regions():
+            for eqn in region.equations:
+                loop = loop_of(eqn)
+                if loop is None:
+                    continue
+                seen.add(eqn.prim.name)
+                carry = eqn.inputs[loop.carry_start:loop.carry_start + loop.n_carry]
+                assert loop.carry_start + loop.n_carry + loop.n_xs == len(eqn.inputs)
+                # The final carry has the types of the initial one.
+                assert _avals(eqn.outputs[:loop.n_carry]) == _avals(carry)
+                group = loop.groups[loop.step_group]
+                step = loop.step.region(eqn)
+                n = loop.group_size(loop.step_group)
+                assert _avals(step.invars[:n]) == _avals(eqn.inputs[group.start:group.stop])
+                assert _avals(step.invars[n:n + loop.n_carry]) == _avals(carry)
+                assert len(step.invars) == n + loop.n_carry + loop.n_xs
+                assert _avals(step.outvars[:loop.n_carry]) == _avals(carry)
+                assert len(step.outvars) == len(eqn.outputs)
+                for slot, g in loop.tests:
+                    test = slot.region(eqn)
+                    outer = eqn.inputs[loop.groups[g].start:loop.groups[g].stop]
+                    assert _avals(test.invars) == _avals(outer) + _avals(carry)
+                    assert len(test.outvars) == 1
+                # Keeping everything changes nothing; the layout names only real params.
+                assert resized_params(eqn, [True] * len(eqn.inputs),
+                                      [True] * len(eqn.outputs)) == eqn.params
+                assert structural_params(eqn) <= set(eqn.params)
+    assert seen == {"while", "scan"}
+    # The while program closes over one value in its condition and one in its body.
+    fun, args = _loops()[0]
+    while_eqn = next(e for e in jaxpr_cc.trace(fun, *args).body.equations
+                     if e.prim.name == "while")
+    loop = loop_of(while_eqn)
+    assert [loop.group_size(i) for i in range(2)] == [1, 1] and loop.n_carry == 3
