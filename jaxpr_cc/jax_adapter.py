@@ -1317,3 +1317,12 @@ def compiled_result_shardings(compiled) -> list:
     values of closed-over jax.Refs, which JAX returns after the results, left out."""
     return list(compiled._executable._out_shardings)[:compiled.out_tree.num_leaves]
 # ---------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------
+# --- which primitives may ask for an operand sharding (issue 14, h14h) -----
+def sharding_request_primitives() -> frozenset[str]:
+    """Names of the primitives ``operand_sharding_requests`` may return requests
+    for; every other equation asks for none (lets a walk skip the call)."""
+    return frozenset(_SHARDING_REQUESTS)
+# ---------------------------------------------------------------------------

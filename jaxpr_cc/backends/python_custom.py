@@ -13,6 +13,7 @@ from typing import Sequence
 import libcst as cst
 
 from ..ir.equation import Equation
+from ..ir.layouts import closed_over_count
 from ..ir.printer import _is_function
 from ..ir.region import Region
 from ..ir.value import is_literal
@@ -119,7 +120,7 @@ class CustomRulesMixin:
         where the original program had one, and a rule that calls its own function
         (recursion) calls the module-level function by name."""
         em = self.emitter
-        if eqn.params.get("num_consts", 0):
+        if closed_over_count(eqn):
             return self._custom_with_consts(eqn, build)
         key = em.rule_key(eqn)
         if key not in em.custom_functions:
@@ -286,7 +287,7 @@ class CustomRulesMixin:
         em, p = self.emitter, eqn.params
         regions = ["call_jaxpr"] + list(self._RULE_REGION_NAMES[kind])
         self._require_rules(regions)
-        nc = p["num_consts"]
+        nc = closed_over_count(eqn)
         call = p["call_jaxpr"]
         name, wanted = self._rule_name(call, kind)
         hints = self._arg_hints(0)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..ir.layouts import loop_of, structural_params
 from ..ir.value import is_literal
 
 
@@ -465,17 +466,21 @@ def _cond(ctx, eqn):
 
 @rule("while")
 def _while(ctx, eqn):
-    p = eqn.params
-    if set(p) != {"cond_jaxpr", "body_jaxpr", "cond_nconsts", "body_nconsts"}:
+    if set(eqn.params) - structural_params(eqn):
         return None
-    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    loop = loop_of(eqn)
+    (cond_slot, cond_group), = loop.tests
     ins = eqn.inputs
-    cond_consts, body_consts, init = ins[:nc], ins[nc:nc + nb], ins[nc + nb:]
-    cond_fn = ctx.carry_function(p["cond_jaxpr"], "cond_fun", cond_consts, [len(init)],
+    cond_consts = ins[loop.groups[cond_group].start:loop.groups[cond_group].stop]
+    step_group = loop.groups[loop.step_group]
+    body_consts = ins[step_group.start:step_group.stop]
+    init = ins[loop.carry_start:loop.carry_start + loop.n_carry]
+    cond = cond_slot.region(eqn)
+    cond_fn = ctx.carry_function(cond, "cond_fun", cond_consts, [len(init)],
                                  result="single")
-    body_fn = ctx.carry_function(p["body_jaxpr"], "body_fun", body_consts, [len(init)],
+    body_fn = ctx.carry_function(loop.step.region(eqn), "body_fun", body_consts, [len(init)],
                                  result=[len(init)])
-    if p["cond_jaxpr"].outvars[0].aval.shape:
+    if cond.outvars[0].aval.shape:
         # vmap stages a batched exit test, which lax.while_loop does not accept.
         ctx.emitter.use_helper("_batched_while_loop")
         return Call("_batched_while_loop", [cond_fn, body_fn, ctx.seq(init)], multiple=True)
@@ -485,14 +490,19 @@ def _while(ctx, eqn):
 @rule("scan")
 def _scan(ctx, eqn):
     p = eqn.params
-    allowed = {"jaxpr", "length", "reverse", "unroll", "num_consts", "num_carry", "linear",
-               "_split_transpose"}
-    if set(p) - allowed or p.get("_split_transpose"):
+    # The layout covers the body, its counts and the per-operand linearity (which
+    # lax.scan recomputes); these are the options lax.scan takes.
+    if set(p) - structural_params(eqn) - {"length", "reverse", "unroll", "_split_transpose"} \
+            or p.get("_split_transpose"):
         return None
-    nconst, ncarry = p["num_consts"], p["num_carry"]
+    loop = loop_of(eqn)
+    ncarry = loop.n_carry
     ins = eqn.inputs
-    consts, init, xs = ins[:nconst], ins[nconst:nconst + ncarry], ins[nconst + ncarry:]
-    body = ctx.carry_function(p["jaxpr"], "scan_body", consts, [len(init), len(xs)],
+    group = loop.groups[loop.step_group]
+    consts = ins[group.start:group.stop]
+    init = ins[loop.carry_start:loop.carry_start + ncarry]
+    xs = ins[loop.xs.start:loop.xs.stop]
+    body = ctx.carry_function(loop.step.region(eqn), "scan_body", consts, [len(init), len(xs)],
                               result=[ncarry, len(eqn.outputs) - ncarry])
     kwargs = [("length", ctx.param(p["length"]))]
     if p["reverse"]:

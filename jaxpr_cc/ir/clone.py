@@ -8,6 +8,7 @@ callees: the copy-on-write step when one call site needs its own version.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from .equation import Equation
@@ -43,12 +44,18 @@ def _copy_into(new: Region, region: Region, copy_param) -> Region:
         new.invars.append(nv)
     new._renumber_binders()
     loader = GraphLoader(new.graph)
+    # The loop below is the copy's whole cost on a large program: the loader's
+    # adjacency dicts, the region back-reference and Equation's fields are written
+    # directly (what ``loader.add_node`` / ``add_edge`` and ``Equation.region`` do).
+    succ, pred, nodes = loader.succ, loader.pred, loader.node
+    region_ref = weakref.ref(new)
+    value_t = Value
     order: dict[Equation, None] = {}
     for eqn in region.equations:
-        inputs = [env[a] if type(a) is Value else a for a in eqn.inputs]
+        inputs = [env[a] if type(a) is value_t else a for a in eqn.inputs]
         outputs = []
         for v in eqn.outputs:
-            env[v] = nv = Value(v.aval, None, 0, v.name)
+            env[v] = nv = value_t(v.aval, None, 0, v.name)
             outputs.append(nv)
         params = eqn.params
         if copy_param is not None and eqn.has_regions():
@@ -56,12 +63,19 @@ def _copy_into(new: Region, region: Region, copy_param) -> Region:
         else:
             params = dict(params)
         ne = Equation(eqn.prim, inputs, outputs, params, eqn.effects, eqn.source_info, eqn.ctx)
-        ne.region = new
+        ne._region_ref = region_ref
         order[ne] = None
-        loader.add_node(ne)
+        nodes[ne] = {}
+        succ[ne] = {}
+        ne_pred = pred[ne] = {}
         for pos, a in enumerate(inputs):
-            if type(a) is Value:
-                loader.add_edge(a.producer, ne, pos, a)
+            if type(a) is value_t:
+                producer = a.producer
+                producer_succ = succ[producer]
+                keydict = producer_succ.get(ne)
+                if keydict is None:
+                    keydict = producer_succ[ne] = ne_pred[producer] = {}
+                keydict[pos] = {"value": a}
     new.outvars = [env[a] if type(a) is Value else a for a in region.outvars]
     for pos, a in enumerate(new.outvars):
         if type(a) is Value:

@@ -69,8 +69,13 @@ class KeyMaker:
     def value(self, v: Any) -> Any:
         """The key aspect of ``v``'s entry in the parameter-type registry."""
         t = type(v)
-        if t in _PLAIN:  # the commonest parameters, keyed as their entries would
+        # The commonest parameters, keyed as their registry entries would key them.
+        if t in _PLAIN:
             return v if t is not int else ("i", v)
+        if t is bool:
+            return ("b", v)
+        if t is tuple:
+            return ("tuple", tuple([self.value(x) for x in v]))
         return param_types.entry_for(v).key(v, self)
 
     def array(self, x: Any) -> tuple:
@@ -102,7 +107,7 @@ class KeyMaker:
         return key
 
     # ------------------------------------------------------------ regions
-    def region(self, region: Region) -> tuple:
+    def region(self, region: Region) -> RegionKey:
         """A structural key: equal for regions that compute the same thing the same way."""
         key = self._regions.get(id(region))
         if key is not None:
@@ -134,12 +139,34 @@ class KeyMaker:
                          tuple(o.aval for o in eqn.outputs), _Effects(eqn.effects)))
             for o in eqn.outputs:
                 numbers[o] = len(numbers)
-        key = ("region", consts, tuple(v.aval for v in region.constvars),
-               tuple(v.aval for v in region.invars), tuple(eqns),
-               tuple(ref(a) for a in region.outvars))
+        key = RegionKey(("region", consts, tuple(v.aval for v in region.constvars),
+                         tuple(v.aval for v in region.invars), tuple(eqns),
+                         tuple(ref(a) for a in region.outvars)))
         self._regions[id(region)] = key
         self._keep.append(region)
         return key
+
+
+class RegionKey:
+    """A region's structural key.  Python does not cache tuple hashes, and a key that
+    holds a region's key (a call's params) is hashed once per call site: the hash is
+    computed once here, and the one key ``KeyMaker`` caches per region compares equal
+    to itself without walking the tuple."""
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __eq__(self, other):
+        return self is other or (type(other) is RegionKey and self._hash == other._hash
+                                 and self.parts == other.parts)
+
+    def __hash__(self):
+        return self._hash
+
+    def __repr__(self):
+        return f"RegionKey({self.parts!r})"
 
 
 class _Effects:

@@ -39,35 +39,45 @@ def verify_region(region: Region, path: str = "body", _seen: set | None = None) 
         raise VerificationError(
             f"{path}: {len(region.constvars)} constant binders but {len(region.consts)} constants")
     g = region.graph
+    # networkx's documented adjacency structure (``pred[v][u][key] = data``, as
+    # ir/graph_build.py writes it), read directly: its accessor methods cost more
+    # than the check itself on every operand.
+    pred, nodes = g._pred, g._node
     for i, eqn in enumerate(region._order):
-        if eqn.region is not region or eqn not in g:
+        if eqn.region is not region or eqn not in nodes:
             raise VerificationError(f"{_where(path, i, eqn)} is not linked into this region's graph")
+        eqn_pred = pred[eqn]
         n_value_operands = 0
         for pos, atom in enumerate(eqn.inputs):
-            if is_literal(atom):
-                continue
+            if type(atom) is not Value:
+                if is_literal(atom):
+                    continue
+                if not isinstance(atom, Value):
+                    raise VerificationError(
+                        f"{_where(path, i, eqn)}: operand {pos} is {atom!r}, not a value")
             n_value_operands += 1
-            if not isinstance(atom, Value):
-                raise VerificationError(f"{_where(path, i, eqn)}: operand {pos} is {atom!r}, not a value")
             if atom not in defined:
                 raise VerificationError(
                     f"{_where(path, i, eqn)}: operand {pos} ({atom!r}) is used before it is defined "
                     f"or is not defined in this region")
-            edge = g.get_edge_data(atom.producer, eqn, key=pos)
+            keydict = eqn_pred.get(atom.producer)
+            edge = keydict.get(pos) if keydict is not None else None
             if edge is None or edge["value"] is not atom:
                 raise VerificationError(
                     f"{_where(path, i, eqn)}: operand {pos} ({atom!r}) has no matching use-def edge")
-        if g.in_degree(eqn) != n_value_operands:
+        in_degree = sum(map(len, eqn_pred.values())) if eqn_pred else 0
+        if in_degree != n_value_operands:
             raise VerificationError(
-                f"{_where(path, i, eqn)}: graph has {g.in_degree(eqn)} operand edges, "
+                f"{_where(path, i, eqn)}: graph has {in_degree} operand edges, "
                 f"equation has {n_value_operands} value operands")
         for k, out in enumerate(eqn.outputs):
             if out.producer is not eqn or out.index != k:
                 raise VerificationError(f"{_where(path, i, eqn)}: result {k} ({out!r}) names another producer")
             defined.add(out)
-        for key, idx, sub in eqn.regions():
-            label = key if idx is None else f"{key}[{idx}]"
-            verify_region(sub, f"{path}/{eqn.prim.name}#{i}.{label}", _seen)
+        if eqn.has_regions():
+            for key, idx, sub in eqn.regions():
+                label = key if idx is None else f"{key}[{idx}]"
+                verify_region(sub, f"{path}/{eqn.prim.name}#{i}.{label}", _seen)
     for pos, atom in enumerate(region.outvars):
         if is_literal(atom):
             continue

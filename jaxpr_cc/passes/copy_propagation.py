@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..ir.equation import Equation
+from ..ir.layouts import LAYOUTS, loop_of
 from ..ir.region import Region
 from ..jax_adapter import Literal, ShapedArray, UnspecifiedValue, is_input_effect
 from .base import Pass, PassContext, register_pass
@@ -175,24 +176,15 @@ def _cond(eqn):
     return result
 
 
-def _while(eqn):
-    p = eqn.params
-    nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    body: Region = p["body_jaxpr"]
-    result = []
-    for i, out in enumerate(body.outvars):
-        result.append(nc + nb + i if out is body.invars[nb + i] else None)
-    return result
-
-
-def _scan(eqn):
-    p = eqn.params
-    n_consts, n_carry = p["num_consts"], p["num_carry"]
-    body: Region = p["jaxpr"]
+def _loop(eqn):
+    """A carried value the step region returns unchanged is the initial one."""
+    loop = loop_of(eqn)
+    step: Region = loop.step.region(eqn)
+    first = loop.group_size(loop.step_group)
     result = [None] * len(eqn.outputs)
-    for i in range(n_carry):
-        if body.outvars[i] is body.invars[n_consts + i]:
-            result[i] = n_consts + i
+    for i in range(loop.n_carry):
+        if step.outvars[i] is step.invars[first + i]:
+            result[i] = loop.carry_start + i
     return result
 
 
@@ -206,9 +198,8 @@ WRAPPERS: dict[str, Callable[[Equation], list]] = {
     "checkpoint": _call("jaxpr"),
     "remat2": _call("jaxpr"),
     "cond": _cond,
-    "while": _while,
-    "scan": _scan,
 }
+WRAPPERS.update({name: _loop for name, layout in LAYOUTS.items() if layout.loop is not None})
 
 
 @register_pass("copy-propagation")

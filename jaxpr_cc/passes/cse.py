@@ -31,7 +31,9 @@ from .base import Pass, PassContext, register_pass
 from .effects import CALLBACK_PRIMITIVES, RANDOM_PRIMITIVES, EffectOracle
 from .signature import merge_into
 from ..ir.structural_key import KeyMaker
-from ..jax_adapter import operand_sharding_requests
+from ..jax_adapter import operand_sharding_requests, sharding_request_primitives
+
+_ASKING = sharding_request_primitives()
 
 
 # Two calls of one custom_vjp are not one call: JAX runs the user's bwd once per
@@ -65,12 +67,15 @@ class _CSE:
         self._vjp_inside: dict[int, bool] = {}  # region id -> calls a custom_vjp
         self._requesting: dict[int, bool] = {}  # region id -> makes a sharding request
 
-    def _calls_custom_vjp(self, eqn) -> bool:
-        """Is ``eqn`` a custom_vjp call, or does any region it holds call one (two
-        identical jitted helpers that call a custom_vjp are two calls of it too)?"""
+    def _calls_custom_vjp(self, eqn, subs=None) -> bool:
+        """Is ``eqn`` a custom_vjp call, or does any region it holds (``subs``, when
+        the caller has them) call one (two identical jitted helpers that call a
+        custom_vjp are two calls of it too)?"""
         if eqn.prim.name in _NEVER_MERGED:
             return True
-        for _, _, sub in eqn.regions():
+        if subs is None:
+            subs = [sub for _, _, sub in eqn.regions()]
+        for sub in subs:
             known = self._vjp_inside.get(id(sub))
             if known is None:
                 self._vjp_inside[id(sub)] = False  # a recursive rule: no cycle here
@@ -91,11 +96,11 @@ class _CSE:
                 for e in region.equations)
         return known
 
-    def _nested_requests(self, eqn) -> tuple | None:
-        """Requests made inside ``eqn``'s regions, as seen from its operands: each
-        operand may reach them (which ones depends on the body), so it is labelled
-        with the equation's structure -- equal for equal calls, which still merge."""
-        subs = [sub for _, _, sub in eqn.regions()]
+    def _nested_requests(self, eqn, subs: list) -> tuple | None:
+        """Requests made inside ``eqn``'s regions (``subs``), as seen from its
+        operands: each operand may reach them (which ones depends on the body), so it
+        is labelled with the equation's structure -- equal for equal calls, which
+        still merge."""
         if not subs or not any(self._requests_inside(sub) for sub in subs):
             return None
         label = ("nested", eqn.prim, self.keys.params(eqn.params))
@@ -120,27 +125,46 @@ class _CSE:
         # (simplified) structure.
         # One walk also collects the equations that make sharding requests.
         direct = []
+        nested: dict = {}  # equation -> the regions it holds
+        asking = _ASKING
+        asks_by_prim: dict = {}  # Primitive -> whether it may ask for a sharding
         for eqn in region.equations:
-            req = operand_sharding_requests(eqn)
-            if eqn.has_regions():
-                for _, _, sub in eqn.regions():
+            prim = eqn.prim
+            asks = asks_by_prim.get(prim)
+            if asks is None:
+                asks = asks_by_prim[prim] = prim.name in asking
+            req = operand_sharding_requests(eqn) if asks else None
+            if eqn.params and eqn.has_regions():
+                subs = nested[eqn] = [sub for _, _, sub in eqn.regions()]
+                for sub in subs:
                     merged += self.region(sub)
                 if req is None:
-                    req = self._nested_requests(eqn)
+                    req = self._nested_requests(eqn, subs)
             if req is not None:
                 direct.append((eqn, req))
         requests = _downstream_requests(region, direct) if direct else {}
+        # An equation is first keyed by its primitive and operands (and the requests
+        # its results reach); its parameters are keyed only when an earlier
+        # equation matches that far -- most do not, and keying the params of every
+        # call site (shardings, layouts, flags) was most of the pass's cost.
+        pkeys: dict = {}
+
+        def params_key(e):
+            k = pkeys.get(e)
+            if k is None:
+                if e in nested:
+                    if not self.oracle.is_mergeable(e) or self._calls_custom_vjp(e, nested[e]):
+                        k = _UNMERGEABLE
+                    else:
+                        k = keys.params(e.params)
+                else:
+                    k = plain_params(e.params) if e.params else ()
+                pkeys[e] = k
+            return k
+
         for eqn in region.equations:
             prim = eqn.prim
-            params = eqn.params
-            pkey = plain_params(params) if params else ()
-            if pkey is None:  # nested regions: simplify them first, then key them
-                for _, _, sub in eqn.regions():
-                    merged += self.region(sub)
-                if not self.oracle.is_mergeable(eqn) or self._calls_custom_vjp(eqn):
-                    continue
-                pkey = keys.params(params)
-            else:
+            if eqn not in nested:
                 is_blocked = blocked_prims.get(prim)
                 if is_blocked is None:
                     is_blocked = blocked_prims[prim] = prim.name in blocked
@@ -150,25 +174,36 @@ class _CSE:
             # is a function of its parameters and operand types.  Values hash by
             # identity; Literals do not hash at all, so an equation with a literal
             # operand takes the slower path that keys literals by dtype and bits.
-            key = (prim, pkey, tuple(eqn.inputs))
+            key = (prim, tuple(eqn.inputs))
             if requests:
                 key += (tuple(requests.get(o, _NONE) for o in eqn.outputs),)
             try:
-                first = seen.get(key)
+                bucket = seen.get(key)
             except TypeError:
-                key = (prim, pkey, tuple([a if type(a) is Value else literal(a) for a in eqn.inputs]))
+                key = (prim, tuple([a if type(a) is Value else literal(a) for a in eqn.inputs]))
                 if requests:
                     key += (tuple(requests.get(o, _NONE) for o in eqn.outputs),)
-                first = seen.get(key)
-            if first is None:
+                bucket = seen.get(key)
+            if bucket is None:
                 seen[key] = eqn
                 continue
-            merge_into(region, eqn, first)
-            merged += 1
+            pkey = params_key(eqn)
+            if pkey is _UNMERGEABLE:
+                continue
+            candidates = bucket if type(bucket) is list else [bucket]
+            for first in candidates:
+                if params_key(first) == pkey:
+                    merge_into(region, eqn, first)
+                    merged += 1
+                    break
+            else:
+                candidates.append(eqn)
+                seen[key] = candidates
         return merged
 
 
 _NONE: frozenset = frozenset()
+_UNMERGEABLE = object()  # the params key of an equation that is never merged
 
 
 def _downstream_requests(region: Region, direct: list) -> dict:

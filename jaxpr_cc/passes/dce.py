@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..ir.layouts import LAYOUTS, Layout
+from ..ir.layouts import LAYOUTS, Layout, loop_of, resized_params
 from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import is_input_effect
@@ -270,87 +270,49 @@ class CondRule(DefaultRule):
         return True
 
 
-class WhileRule(DefaultRule):
-    """``while``: operands are cond constants, body constants, then the carry; the
-    results are the final carry.  A carried value is live if it is a used result,
-    is read by the condition, or feeds a live carried value (to a fixpoint)."""
+class LoopRule(DefaultRule):
+    """A loop (``while``, ``scan``; its carry layout is ``ir.layouts.loop_of``):
+    operands are constant groups, the initial carry, then per-iteration operands;
+    results are the final carry, then per-iteration results.  A carried value is
+    live if it is a used result, is read by an exit test, or feeds a live carried
+    value (to a fixpoint); unused per-iteration results, and constants and
+    per-iteration operands only dead values needed, are dropped."""
 
     def _liveness(self, dce, eqn, used_outs):
-        p = eqn.params
-        nc, nb = p["cond_nconsts"], p["body_nconsts"]
-        cond_used = dce.analyze(p["cond_jaxpr"], [True])
-        live = [u or c for u, c in zip(used_outs, cond_used[nc:])]
-        while True:
-            body_used = dce.analyze(p["body_jaxpr"], live)
-            grown = [a or b for a, b in zip(live, body_used[nb:])]
-            if grown == live:
-                return cond_used[:nc], body_used[:nb], live
-            live = grown
-
-    def analyze(self, dce, eqn, used_outs):
-        if dce.removable(eqn, used_outs):
-            return None
-        if _has_input_effects(eqn):
-            return [True] * len(eqn.inputs)
-        cond_consts, body_consts, live = self._liveness(dce, eqn, used_outs)
-        return cond_consts + body_consts + live
-
-    def rewrite(self, dce, region, eqn, used_outs) -> bool:
-        if dce.removable(eqn, used_outs):
-            return False
-        if _has_input_effects(eqn):
-            dce.internal(eqn)
-            return True
-        cond_consts, body_consts, live = self._liveness(dce, eqn, used_outs)
-        if all(cond_consts) and all(body_consts) and all(live):
-            dce.internal(eqn)
-            return True
-        dce.owner.own_all(eqn)
-        p = eqn.params
-        cond, body = p["cond_jaxpr"], p["body_jaxpr"]
-        dce.rewrite(cond, [True])
-        dce.rewrite(body, live)
-        if not all(live):
-            keep_region_outputs(body, live)
-            keep_outputs(region, eqn, live)
-            dce.count("loop-carries-removed", live.count(False))
-        keep_region_inputs(cond, cond_consts + live)
-        keep_region_inputs(body, body_consts + live)
-        keep = cond_consts + body_consts + live
-        if not all(keep):
-            set_inputs(region, eqn, [a for a, k in zip(eqn.inputs, keep) if k])
-            dce.count("operands-removed", (cond_consts + body_consts).count(False))
-        eqn.params = dict(p, cond_nconsts=sum(cond_consts), body_nconsts=sum(body_consts))
-        return True
-
-
-class ScanRule(DefaultRule):
-    """``scan``: operands are constants, initial carry, scanned inputs; results are
-    the final carry then the stacked outputs.  Carried values are live as for
-    ``while``; unused stacked outputs, constants and scanned inputs are dropped."""
-
-    def _liveness(self, dce, eqn, used_outs):
-        p = eqn.params
-        n_consts, n_carry = p["num_consts"], p["num_carry"]
+        """(which operands are needed, which carried values are live)."""
+        loop = loop_of(eqn)
+        n_carry = loop.n_carry
         live = list(used_outs[:n_carry])
         used_ys = list(used_outs[n_carry:])
+        group_used: list[list[bool] | None] = [None] * len(loop.groups)
+        for slot, g in loop.tests:
+            n = loop.group_size(g)
+            test_used = dce.analyze(slot.region(eqn), [True])
+            group_used[g] = test_used[:n]
+            live = [a or b for a, b in zip(live, test_used[n:])]
+        n = loop.group_size(loop.step_group)
+        step = loop.step.region(eqn)
         while True:
-            body_used = dce.analyze(p["jaxpr"], live + used_ys)
-            grown = [a or b for a, b in zip(live, body_used[n_consts:n_consts + n_carry])]
+            step_used = dce.analyze(step, live + used_ys)
+            grown = [a or b for a, b in zip(live, step_used[n:n + n_carry])]
             if grown == live:
                 break
             live = grown
-        consts = body_used[:n_consts]
-        xs = body_used[n_consts + n_carry:]
-        return consts, live, used_ys, xs
+        group_used[loop.step_group] = step_used[:n]
+        needed = [False] * len(eqn.inputs)
+        for group, used in zip(loop.groups, group_used):
+            needed[group.start:group.stop] = used if used is not None \
+                else [True] * (group.stop - group.start)
+        needed[loop.carry_start:loop.carry_start + n_carry] = live
+        needed[loop.carry_start + n_carry:] = step_used[n + n_carry:]
+        return loop, needed, live
 
     def analyze(self, dce, eqn, used_outs):
         if dce.removable(eqn, used_outs):
             return None
         if _has_input_effects(eqn):
             return [True] * len(eqn.inputs)
-        consts, live, _, xs = self._liveness(dce, eqn, used_outs)
-        return consts + live + xs
+        return self._liveness(dce, eqn, used_outs)[1]
 
     def rewrite(self, dce, region, eqn, used_outs) -> bool:
         if dce.removable(eqn, used_outs):
@@ -358,29 +320,34 @@ class ScanRule(DefaultRule):
         if _has_input_effects(eqn):
             dce.internal(eqn)
             return True
-        consts, live, used_ys, xs = self._liveness(dce, eqn, used_outs)
-        if all(consts) and all(live) and all(used_ys) and all(xs):
+        loop, needed, live = self._liveness(dce, eqn, used_outs)
+        outs_keep = live + list(used_outs[loop.n_carry:])
+        if all(needed) and all(outs_keep):
             dce.internal(eqn)
             return True
-        dce.owner.own(eqn, "jaxpr")
-        p = eqn.params
-        body = p["jaxpr"]
-        outs_keep = live + used_ys
-        dce.rewrite(body, outs_keep)
+        for slot in (loop.step, *(slot for slot, _ in loop.tests)):
+            dce.owner.own(eqn, slot.key, slot.index)
+        groups = loop.groups
+        xs_keep = needed[loop.carry_start + loop.n_carry:]
+        for slot, g in loop.tests:
+            test = slot.region(eqn)
+            dce.rewrite(test, [True])
+            keep_region_inputs(test, needed[groups[g].start:groups[g].stop] + live)
+        step = loop.step.region(eqn)
+        dce.rewrite(step, outs_keep)
         if not all(outs_keep):
-            keep_region_outputs(body, outs_keep)
+            keep_region_outputs(step, outs_keep)
             keep_outputs(region, eqn, outs_keep)
             dce.count("loop-carries-removed", live.count(False))
-            dce.count("results-removed", used_ys.count(False))
-        ins_keep = consts + live + xs
-        params = dict(p, num_consts=sum(consts), num_carry=sum(live))
-        if not all(ins_keep):
-            keep_region_inputs(body, ins_keep)
-            set_inputs(region, eqn, [a for a, k in zip(eqn.inputs, ins_keep) if k])
-            params["linear"] = keep_entries(p.get("linear"), ins_keep)
-            if params["linear"] is None:
-                del params["linear"]
-            dce.count("operands-removed", (consts + xs).count(False))
+            dce.count("results-removed", outs_keep[loop.n_carry:].count(False))
+        step_group = groups[loop.step_group]
+        keep_region_inputs(step, needed[step_group.start:step_group.stop] + live + xs_keep)
+        params = resized_params(eqn, needed)
+        if not all(needed):
+            set_inputs(region, eqn, [a for a, k in zip(eqn.inputs, needed) if k])
+            carried = loop.carried
+            dce.count("operands-removed", sum(1 for i, k in enumerate(needed)
+                                              if not k and i not in carried))
         eqn.params = params
         return True
 
@@ -394,10 +361,9 @@ DCE_RULES: dict[str, DefaultRule] = {
                       ("core_call", "call_jaxpr"), ("remat2", "jaxpr"), ("checkpoint", "jaxpr"),
                       ("shard_map", "jaxpr"))
 }
+DCE_RULES["cond"] = CondRule()
 DCE_RULES.update({
-    "cond": CondRule(),
-    "while": WhileRule(),
-    "scan": ScanRule(),
+    name: LoopRule() for name, layout in LAYOUTS.items() if layout.loop is not None
 })
 
 

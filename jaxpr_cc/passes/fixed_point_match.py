@@ -38,6 +38,7 @@ import numpy as np
 from .. import jax_adapter as jx
 from ..backends.jaxpr import region_to_closed_jaxpr
 from ..ir.equation import Equation
+from ..ir.layouts import loop_of
 from ..ir.value import is_literal
 
 STATE, PREVIOUS, INVARIANT, COUNTER, AUXILIARY = (
@@ -99,7 +100,9 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
         return "the loop has side effects"
     p = eqn.params
     cond, body = p["cond_jaxpr"], p["body_jaxpr"]
-    cond_n, body_n = p["cond_nconsts"], p["body_nconsts"]
+    loop = loop_of(eqn)
+    cond_n = loop.group_size(loop.tests[0][1])
+    body_n = loop.group_size(loop.step_group)
     carries = body.invars[body_n:]
     m = len(carries)
     position = {v: i for i, v in enumerate(carries)}

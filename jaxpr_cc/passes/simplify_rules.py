@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from ..ir.equation import Equation
+from ..ir.layouts import loop_of
 from ..ir.region import Region
 from ..ir.value import Atom, Value
 from ..jax_adapter import Literal, UnspecifiedValue, is_input_effect
@@ -492,14 +493,15 @@ def _while_false(eqn, cx):
     operands (and be free of effects) to be evaluated here."""
     if _has_input_effects(eqn):
         return None
-    p = eqn.params
-    nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    cond: Region = p["cond_jaxpr"]
+    loop = loop_of(eqn)
+    (cond_slot, cond_group), = loop.tests
+    cond_consts = loop.groups[cond_group]
+    cond: Region = cond_slot.region(eqn)
     oracle = EffectOracle()
     if any(oracle.has_side_effects(e) for e in cond.equations):
         return None  # the condition runs once even when the body does not
-    operands = list(eqn.inputs[:nc]) + list(eqn.inputs[nc + nb:])
-    carry = list(eqn.inputs[nc + nb:])
+    carry = list(eqn.inputs[loop.carry_start:loop.carry_start + loop.n_carry])
+    operands = list(eqn.inputs[cond_consts.start:cond_consts.stop]) + carry
     if not all(fits(a, o) for a, o in zip(carry, eqn.outputs)):
         return None
     out = cond.outvars[0]
