@@ -273,6 +273,7 @@ class TraceSession:
 
         main_pattern = tuple(q for q, a in zip(perturbed, avals) if is_inexact(a))
         made_by = cvjp.symbolic_zeros and any(perturbed) and refuse is None
+        unchanged = self._unchanged_since_call("vjp", cvjp, static, key)
 
         def rule_for(consts, fwd, bwd, num_res, fwd_variants=(), bwd_variants=(),
                      pattern_rules=None):
@@ -305,13 +306,13 @@ class TraceSession:
             def make(key):
                 what, in_pattern = key[0], key[1]
                 if what == "fwd":
-                    if in_pattern == main_pattern:
-                        return None
+                    if in_pattern == main_pattern or not unchanged():
+                        return None  # the main rule (see _unchanged_since_call)
                     t = traced_for(in_pattern)
                     return _close_made(t.first, t.first_consts, consts, cvjp.fwd), t.num_res
                 t, ct_pattern = traced_for(in_pattern), key[2]
                 fwd = getattr(t, "fwd_traced", None)
-                if fwd is not None and any(not c for c in ct_pattern):
+                if fwd is not None and any(not c for c in ct_pattern) and unchanged():
                     t = trace_pattern(_flags(inexact, len(avals), in_pattern), ct_pattern, fwd)
                 return _close_made(t.second, t.second_consts, consts, cvjp.bwd)
             return PatternRules(make, len(consts), main_pattern)
@@ -333,6 +334,20 @@ class TraceSession:
 
         pending.provisional = provisional
         return self._traced_recursively(key, pending, trace_rules, finish)
+
+    def _unchanged_since_call(self, kind, custom, static, key):
+        """``() -> bool``: can the user's rules still be traced as they were at this
+        call?  A pattern JAX gives only when it differentiates is traced then, after
+        the program returned; a rule reading a cell rebound since the call would
+        see the new value.  So it is traced only while everything the rules can read
+        has the fingerprint it had at the call (as for reuse, ``_call_custom``);
+        otherwise the pattern runs the main rule (traced with every perturbable
+        input perturbed, at the call) -- exact unless the rule depends on which
+        inputs are perturbed (docs/closure.md)."""
+        if key is None:
+            return lambda: False
+        seen = key[2]
+        return lambda: fingerprint((_rule_functions(kind, custom), static), self.keepalive) == seen
 
     def _variants_allowed(self) -> bool:
         """Per-pattern variants only for a rule called outside other rules' bodies:
@@ -473,6 +488,7 @@ class TraceSession:
 
         made_by = cjvp.symbolic_zeros and any(perturbed) and refuse is None
         main_pattern = tuple(q for q, a in zip(perturbed, avals) if is_inexact(a))
+        unchanged = self._unchanged_since_call("jvp", cjvp, static, key)
 
         def rule_for(consts, jvp, variants=(), pattern_rules=None):
             call = _close(_with_consts(p_jaxpr, p_consts, consts))
@@ -496,8 +512,8 @@ class TraceSession:
             inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
 
             def make(pattern):
-                if pattern == main_pattern:
-                    return None
+                if pattern == main_pattern or not unchanged():
+                    return None  # the main rule (see _unchanged_since_call)
                 try:
                     jaxpr, cs = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
                                                 out_avals, _flags(inexact, len(avals), pattern))
