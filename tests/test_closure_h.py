@@ -308,3 +308,74 @@ def test_rule_reading_a_cell_rebound_after_the_call_runs_its_main_rule():
         return {"jvp a": jax.jvp(lambda a: h(a, *args[1:]), (args[0],), (jnp.float32(1.0),)),
                 "grad": jax.grad(h, (0, 1, 2, 3))(*args)}
     _compare(program, derivatives, *args)
+
+
+# ------------------------------------------------ emit after explicit vjp-to-jvp
+def _two_output_rule():
+    """A custom_vjp of two outputs whose bwd scales the second output's term by 3
+    when the first output's cotangent is a symbolic zero (its output unused)."""
+    @jax.custom_vjp
+    def f(a, b):
+        return jnp.sin(a) * b, a * b
+
+    def fwd(a, b):
+        return f(a.value, b.value), (a.value, b.value)
+
+    def bwd(res, cts):
+        a, b = res
+        c1, c2 = cts
+        ga, gb = jnp.zeros_like(a), jnp.zeros_like(b)
+        if type(c1) is not SymbolicZero:
+            ga, gb = ga + jnp.cos(a) * b * c1, gb + jnp.sin(a) * c1
+        k = 3.0 if type(c1) is SymbolicZero else 1.0
+        if type(c2) is not SymbolicZero:
+            ga, gb = ga + k * b * c2, gb + a * c2
+        return ga, gb
+
+    f.defvjp(fwd, bwd, symbolic_zeros=True)
+    return f
+
+
+_EMIT_CHECK = """
+import importlib.util, json, sys
+import jax, jax.numpy as jnp
+spec = importlib.util.spec_from_file_location("emitted_module", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+assert "jaxpr_cc" not in sys.modules
+fn = getattr(module, sys.argv[2])
+a, b = jnp.float32(0.3), jnp.float32(1.5)
+print(json.dumps({"grad": [float(v) for v in jax.grad(fn, (0, 1))(a, b)],
+                  "jvp": float(jax.jvp(lambda a: fn(a, b), (a,), (jnp.float32(1.0),))[1])}))
+"""
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["both outputs", "first", "second"])
+def test_emitted_module_after_vjp_to_jvp_picks_the_cotangent_pattern(which, tmp_path):
+    import json
+    import subprocess
+    import sys
+    f = _two_output_rule()
+
+    def program(a, b):
+        y1, y2 = f(a, b)
+        return (y1 * 2.0 + y2, y1, y2)[which]
+
+    a, b = jnp.float32(0.3), jnp.float32(1.5)
+    rewritten = jaxpr_cc.run_passes(jaxpr_cc.trace(program, a, b), "vjp-to-jvp")
+    path = tmp_path / "emitted_program.py"
+    jaxpr_cc.write_python(rewritten, path)
+    # Run where jaxpr-cc is not imported: the module's own helper picks the transpose.
+    done = subprocess.run([sys.executable, "-c", _EMIT_CHECK, str(path), rewritten.name],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    want_grad = [float(v) for v in jax.grad(program, (0, 1))(a, b)]
+    np.testing.assert_allclose(got["grad"], want_grad, rtol=1e-5)
+    np.testing.assert_allclose([float(v) for v in jax.grad(rewritten, (0, 1))(a, b)], want_grad,
+                               rtol=1e-5)
+    # Forward mode runs the transpose of bwd with every cotangent present, as the
+    # Program does (JAX has no forward mode through a custom_vjp to compare with).
+    np.testing.assert_allclose(
+        got["jvp"], float(jax.jvp(lambda a: rewritten(a, b), (a,), (jnp.float32(1.0),))[1]),
+        rtol=1e-5)
