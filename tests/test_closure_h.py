@@ -379,3 +379,68 @@ def test_emitted_module_after_vjp_to_jvp_picks_the_cotangent_pattern(which, tmp_
     np.testing.assert_allclose(
         got["jvp"], float(jax.jvp(lambda a: rewritten(a, b), (a,), (jnp.float32(1.0),))[1]),
         rtol=1e-5)
+
+
+_WEIGHTS = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+
+
+@pytest.mark.parametrize("kind", ["jvp", "vjp"])
+def test_pattern_reading_an_array_the_main_rule_does_not(kind):
+    """Only the pattern with ``d`` unperturbed reads ``_WEIGHTS`` (an array, so a
+    constant of the body rather than a literal): it is a constant of the body made
+    for that pattern."""
+    if kind == "jvp":
+        @jax.custom_jvp
+        def f(a, b, c, d):
+            return a * b * c * d
+
+        def f_jvp(primals, tangents):
+            a, b, c, d = primals
+            dense = [jnp.zeros_like(p) if type(t) is SymbolicZero else t
+                     for p, t in zip(primals, tangents)]
+            t = dense[0] * b * c * d + a * dense[1] * c * d + a * b * dense[2] * d \
+                + a * b * c * dense[3]
+            if type(tangents[3]) is SymbolicZero:
+                t = t * jnp.sum(jnp.asarray(_WEIGHTS))
+            return f(*primals), t
+        f.defjvp(f_jvp, symbolic_zeros=True)
+    else:
+        @jax.custom_vjp
+        def f(a, b, c, d):
+            return a * b * c * d
+
+        def fwd(*xs):
+            values = tuple(x.value for x in xs)
+            return f(*values), (values, xs[3].perturbed)
+
+        def bwd(res, ct):
+            (a, b, c, d), d_perturbed = res
+            scale = 1.0 if d_perturbed else jnp.sum(jnp.asarray(_WEIGHTS))
+            return (ct * b * c * d * scale, ct * a * c * d * scale, ct * a * b * d * scale,
+                    ct * a * b * c)
+        f.defvjp(fwd, bwd, symbolic_zeros=True)
+
+    def program(a, b, c, d):
+        return f(a, b, c, d)
+
+    args = tuple(jnp.float32(v) for v in (1.0, 2.0, 3.0, 4.0))
+
+    def derivatives(h):
+        out = {"grad a,b": jax.grad(h, (0, 1))(*args), "grad": jax.grad(h, (0, 1, 2, 3))(*args)}
+        if kind == "jvp":
+            out["jvp a"] = jax.jvp(lambda a: h(a, *args[1:]), (args[0],), (jnp.float32(1.0),))
+        return out
+    if kind == "jvp":
+        _compare(program, derivatives, *args)
+        return
+    # A custom_vjp's bwd is transposed for forward mode (vjp-to-jvp, which jaxpr_cc.jit
+    # runs), which needs every value it reads as an input: refused in one line.
+    with pytest.raises(Exception, match="does not read otherwise; pass that value"):
+        jax.grad(jaxpr_cc.jit(program), (0, 1))(*args)
+    # Kept as a custom_vjp (the program's jaxpr), the pattern's rule holds the array.
+    closed = jaxpr_cc.trace(program, *args).to_jaxpr()
+    from jaxpr_cc.jax_adapter import eval_jaxpr
+
+    def as_jaxpr(*xs):
+        return eval_jaxpr(closed.jaxpr, closed.consts, *xs)[0]
+    _check("as jaxpr", derivatives(as_jaxpr), derivatives(program))

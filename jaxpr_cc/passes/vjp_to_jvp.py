@@ -60,8 +60,8 @@ import numpy as np
 from .. import jax_adapter as jx
 from ..backends.jaxpr import region_to_closed_jaxpr
 from ..closure.ir_rules import is_first_order_custom
-from ..closure.rules import (LinearRule, PatternRules, RuleInfo, bind_linear_rule, is_inexact,
-                             run)
+from ..closure.rules import (LinearRule, PatternRules, RuleInfo, _pe_bind_consts,
+                             bind_linear_rule, is_inexact, run)
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
 from ..ir.equation import Equation
 from ..ir.region import Region
@@ -322,6 +322,12 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
                 return None
             fwd_f, n_res = got
             bwd_f = made.get(("bwd", x_pattern, full_ct), c_avals)
+            if fwd_f.consts or bwd_f.consts:
+                # Its bwd is transposed, which needs every value it reads as an input.
+                raise NotTransposableError(
+                    f"{_describe(p)} reads a value, for the pattern of perturbed inputs "
+                    f"{x_pattern}, that it does not read otherwise; pass that value as an "
+                    f"argument", None, "a value read for one pattern only")
             return jvp_for(fwd_f, n_res, bwd_f, (), x_pattern, as_jaxpr=True)
         params["pattern_rules"] = PatternRules(make_jvp, params["num_consts"], made.main)
     params.update({f: p[f] for f in _INFO_FIELDS})
@@ -525,7 +531,7 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
                 if b is None or not keep_x:
                     return b
                 return _closed(transpose_by(b, ct), [*res_avals, *ct_avals],
-                               f"{info.name}_cotangent")
+                               f"{info.name}_cotangent", allow_consts=True)
             t_rules = PatternRules(make_transpose, n_res)
         rule = LinearRule(info=info, callee=callee_c, transpose=transpose_c, num_res=n_res,
                           transpose_variants=t_variants, pattern_rules=t_rules)
@@ -543,18 +549,21 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
             t_y = bind_linear_rule(rule, [*c, *(x if keep_x else ()), *r, *t])
         return [*y, *t_y]
 
+    if as_jaxpr:  # a body made late may hold concrete constants (see PatternRules)
+        return _closed(jvp, [*c_avals, *x_avals, *tc_avals, *tx_avals], f"{info.name}_jvp",
+                       allow_consts=True)
     jaxpr, consts, _ = jx.trace_flat(jvp, [*c_avals, *x_avals, *tc_avals, *tx_avals],
                                      f"{info.name}_jvp")
     if consts:
         raise RuntimeError(f"vjp-to-jvp: the jvp rule of '{info.name}' captured "
                            f"{len(consts)} constants")
-    if as_jaxpr:
-        return jx.ClosedJaxpr(jaxpr, [])
     return region_from_closed_jaxpr(jx.ClosedJaxpr(jaxpr, []), memo=memo)
 
 
-def _closed(fn, avals, name):
+def _closed(fn, avals, name, allow_consts: bool = False):
     jaxpr, consts, _ = jx.trace_flat(fn, avals, name)
+    if consts and allow_consts:  # concrete values of a body made late: its constants
+        return jx.ClosedJaxpr(_pe_bind_consts(jaxpr, len(consts)), list(consts))
     if consts:
         raise RuntimeError(f"vjp-to-jvp: {name} captured {len(consts)} constants")
     return jx.ClosedJaxpr(jaxpr, [])
