@@ -353,7 +353,8 @@ class TraceSession:
         """Per-pattern variants only for a rule called outside other rules' bodies:
         a rule traced inside another's variant would trace variants of its own, a
         cost exponential in the nesting (equinox's solvers nest filter_custom_vjp
-        rules); nested rules use the rule traced with every input perturbed."""
+        rules); a nested rule's patterns are traced when JAX first gives them
+        (``PatternRules``)."""
         return len(self.in_progress) <= 1
 
     def _vjp_variants(self, avals, out_avals, perturbed, trace_pattern, main):
@@ -644,8 +645,8 @@ _MAX_UNFOLDING = 4
 _MATCH_RELATIVES = True  # calls of the same structure at other values are recursion
 _SETTLE_ROUNDS = 8  # a recursive rule's closed-over values settle in one or two rounds
 # A symbolic-zeros jvp rule is traced once per perturbation pattern of its perturbable
-# inputs (2**n - 2 extra traces) up to this many such inputs; beyond it, patterns
-# other than "all perturbed" use the rule traced with every input perturbed.
+# inputs (2**n - 2 extra traces) up to this many such inputs, with the program; the
+# other patterns are traced when JAX first gives them (``PatternRules``).
 _MAX_PATTERN_INPUTS = 3
 # A symbolic-zeros custom_vjp: at most this many (fwd pattern x cotangent pattern)
 # traces; beyond it, bwd is traced with every cotangent dense for each fwd pattern.
