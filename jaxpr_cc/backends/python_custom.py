@@ -370,8 +370,26 @@ class CustomRulesMixin:
         else:
             ct = self._group_binders(cts, "cts", prologue)
         self._define(transpose, t_name, [t_res, ct], prologue, tuple_src)
-        return Call("jax.custom_derivatives.linear_call",
-                    [base, t_name, tuple_src(self.ins[:num_res]), tuple_src(self.ins[num_res:])])
+        args = [tuple_src(self.ins[:num_res]), tuple_src(self.ins[num_res:])]
+        variants = p.get("transpose_variants") or ()
+        if not variants:
+            return Call("jax.custom_derivatives.linear_call", [base, t_name, *args])
+        # The tangent of a symbolic-zeros custom_vjp (vjp-to-jvp): its bwd per pattern
+        # of output cotangents, picked when JAX transposes (as the Program does).
+        table = []
+        for pattern, region in zip(p["transpose_variant_patterns"], variants):
+            fn = em.namer.fresh(f"{base}_transpose_variant")
+            prologue = []
+            v_res = self._group_binders(region.invars[:num_res], "residuals", prologue)
+            v_cts = region.invars[num_res:]
+            if n_out == 1 and len(v_cts) == 1:
+                v_ct = em.name_binders(v_cts, ["ct"])[0]
+            else:
+                v_ct = self._group_binders(v_cts, "cts", prologue)
+            self._define(region, fn, [v_res, v_ct], prologue, tuple_src)
+            table.append(f"{tuple(bool(b) for b in pattern)!r}: {fn}")
+        em.use_helper("_linear_call_by_pattern")
+        return Call("_linear_call_by_pattern", [base, t_name, "{" + ", ".join(table) + "}", *args])
 
     def _group_binders(self, values, label: str, prologue: list[str]) -> str:
         em = self.emitter

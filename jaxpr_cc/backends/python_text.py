@@ -437,7 +437,84 @@ def _batched_while_loop(cond_fun, body_fun, init):
     return lax.while_loop(lambda carry: jnp.any(cond_fun(carry)), step, tuple(init))
 '''
 
-HELPER_IMPORTS.update({"_jvp_by_pattern": (), "_vjp_by_pattern": (),
+HELPERS["_linear_call_by_pattern"] = '''
+def _linear_call_by_pattern(callee, transpose, transposes, residual_args, linear_args):
+    """``jax.custom_derivatives.linear_call(callee, transpose, residual_args,
+    linear_args)`` whose transposition runs ``transposes[pattern]`` (default
+    ``transpose``), ``pattern`` telling which outputs' cotangents are not symbolic
+    zeros: the tangent of a symbolic-zeros custom_vjp (vjp-to-jvp), whose bwd was
+    traced per pattern of zero cotangents, transposes as JAX would run that bwd."""
+    prim = _primitive("linear_call")
+    _transpose_picks_by_pattern(prim)
+    res, lin = tuple(residual_args), tuple(linear_args)
+    n_res = len(res)
+
+    def as_list(out):
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def shapes(values):
+        return [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in values]
+    callee_jaxpr, callee_consts = _open_jaxpr(
+        lambda *xs: as_list(callee(xs[:n_res], xs[n_res:])), shapes([*res, *lin]))
+    out_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in callee_jaxpr.out_avals]
+    single = len(out_shapes) == 1
+    made = {}
+
+    def transpose_for(pattern):
+        fn = transposes.get(pattern, transpose)
+        if fn not in made:
+            def flat(*xs):
+                cts = xs[n_res:]
+                return as_list(fn(xs[:n_res], cts[0] if single else tuple(cts)))
+            made[fn] = _open_jaxpr(flat, [*shapes(res), *out_shapes])
+        return made[fn]
+    outs = prim.bind(*callee_consts, *res, *lin, callee=callee_jaxpr,
+                     transpose_thunk=_TransposeByPattern(transpose_for),
+                     num_callee_consts=len(callee_consts), num_res=n_res)
+    return outs[0] if single else tuple(outs)
+
+
+def _open_jaxpr(fn, shapes):
+    """``fn`` staged at ``shapes``: a constant-free ClosedJaxpr taking its constants as
+    leading inputs, and the constants (linear_call's operand layout)."""
+    closed = jax.make_jaxpr(fn)(*shapes)
+    j = closed.jaxpr
+    opened = jax.extend.core.Jaxpr((), [*j.constvars, *j.invars], j.outvars, j.eqns, j.effects)
+    return jax.extend.core.ClosedJaxpr(opened, ()), list(closed.consts)
+
+
+class _TransposeByPattern:
+    """linear_call's transpose thunk: the transpose for a pattern of nonzero output
+    cotangents (``for_cotangents``), every cotangent nonzero until one is picked."""
+
+    def __init__(self, transpose_for, pattern=None):
+        self._transpose_for, self._pattern = transpose_for, pattern
+
+    def __call__(self):
+        return self._transpose_for(self._pattern)
+
+    def for_cotangents(self, pattern):
+        return _TransposeByPattern(self._transpose_for, tuple(pattern))
+
+
+def _transpose_picks_by_pattern(prim):
+    """Make JAX's transposition of linear_call ask a thunk with ``for_cotangents`` for
+    the transpose of the cotangents it is given (which are symbolic zeros)."""
+    from jax.interpreters import ad
+    rule = ad.primitive_transposes[prim]
+    if getattr(rule, "_picks_by_pattern", False):
+        return
+
+    def transpose(cts, *args, transpose_thunk, **params):
+        pick = getattr(transpose_thunk, "for_cotangents", None)
+        if pick is not None:
+            transpose_thunk = pick(tuple(type(ct) is not ad.Zero for ct in cts))
+        return rule(cts, *args, transpose_thunk=transpose_thunk, **params)
+    transpose._picks_by_pattern = True
+    ad.primitive_transposes[prim] = transpose
+'''
+
+HELPER_IMPORTS.update({"_jvp_by_pattern": (), "_vjp_by_pattern": (), "_linear_call_by_pattern": (),
                        "_prng_impl": (), "_copy_semantics": (), "_batched_while_loop": (), "_closed_over": (), "_custom_vjp_with_consts": (),
                        "_custom_jvp_with_consts": ()})
 HELPERS["_treedef"] = '''
@@ -484,5 +561,6 @@ def _held_jaxpr(fn, n_consts, avals, closed):
 
 HELPER_IMPORTS.update({"_held_jaxpr": (), "_treedef": (), "_library_instance": (), "_partial": ("functools",)})
 # Helpers that call other helpers.
-HELPER_DEPS = {"_custom_vjp_with_consts": ("_closed_over", "_dense"),
+HELPER_DEPS = {"_linear_call_by_pattern": ("_bind",),
+               "_custom_vjp_with_consts": ("_closed_over", "_dense"),
                "_custom_jvp_with_consts": ("_closed_over", "_dense")}

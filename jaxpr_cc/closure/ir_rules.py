@@ -25,6 +25,11 @@ First-order params (every Region constant-free):
   tangent of a symbolic-zeros custom_vjp (vjp-to-jvp) also has transpose_variants /
   transpose_variant_patterns (its bwd traced per pattern of nonzero output cotangents)
 
+In-process only (``IN_PROCESS_PARAMS``: not printed, not saved): ``pattern_rules``, a
+symbolic-zeros rule's bodies for the perturbation patterns no variant region lists,
+traced from the user's Python rule when JAX first gives that pattern
+(``rules.PatternRules``).  A loaded program has the variant regions only.
+
 A rule that calls its own custom function holds a Region that (through its fwd, bwd,
 jvp or transpose) contains that very equation again: recursion is a cycle.  So only the
 primal (``call_jaxpr`` / ``callee``) is emitted when an equation is exported; the rule
@@ -42,6 +47,8 @@ FIRST_ORDER_KEYS = {
     "custom_jvp_call": "jvp_jaxpr",
     "linear_call": "transpose_jaxpr",
 }
+#: Params that hold in-process objects: never printed nor saved (see the module doc).
+IN_PROCESS_PARAMS = frozenset({"pattern_rules"})
 _INFO_FIELDS = ("name", "source", "const_names", "closed_over", "max_forward_size", "reverse_ok")
 
 
@@ -76,6 +83,8 @@ def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
         p["bwd_variant_patterns"] = tuple((_bools(family), _bools(ct))
                                           for family, ct, _ in rule.bwd_variants)
         p["bwd_variants"] = tuple(to_region(body(b)) for _, _, b in rule.bwd_variants)
+    if rule.pattern_rules is not None:
+        p["pattern_rules"] = rule.pattern_rules
     return p
 
 
@@ -91,6 +100,8 @@ def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
         p["jvp_variant_patterns"] = tuple(tuple(bool(b) for b in pattern)
                                           for pattern, _ in rule.variants)
         p["jvp_variants"] = tuple(to_region(body(v)) for _, v in rule.variants)
+    if rule.pattern_rules is not None:
+        p["pattern_rules"] = rule.pattern_rules
     return p
 
 
@@ -100,6 +111,8 @@ def _import_linear(jparams: dict, rule: LinearRule, to_region: Callable) -> dict
     if rule.transpose_variants:  # a symbolic-zeros bwd per cotangent pattern (vjp-to-jvp)
         p["transpose_variant_patterns"] = tuple(_bools(ct) for ct, _ in rule.transpose_variants)
         p["transpose_variants"] = tuple(to_region(body(t)) for _, t in rule.transpose_variants)
+    if rule.pattern_rules is not None:
+        p["pattern_rules"] = rule.pattern_rules
     return p
 
 
@@ -145,7 +158,8 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
                        fwd=lazy("fwd_jaxpr"), bwd=lazy("bwd_jaxpr"),
                        num_consts=params["num_consts"], num_res=params["num_res"],
                        symbolic_zeros=params["symbolic_zeros"],
-                       fwd_variants=fwd_variants, bwd_variants=bwd_variants)
+                       fwd_variants=fwd_variants, bwd_variants=bwd_variants,
+                       pattern_rules=params.get("pattern_rules"))
     if name == "custom_jvp_call":
         variants = tuple(
             (tuple(pattern), LazyJaxpr(lambda region=region: from_region(region)))
@@ -153,7 +167,8 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
                                        params.get("jvp_variants", ())))
         return JVPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
                        jvp=lazy("jvp_jaxpr"), num_consts=params["num_consts"],
-                       symbolic_zeros=params["symbolic_zeros"], variants=variants)
+                       symbolic_zeros=params["symbolic_zeros"], variants=variants,
+                       pattern_rules=params.get("pattern_rules"))
     info = RuleInfo(name="linear_call", source="<linear_call>", const_names=())
     transpose_variants = tuple(
         (tuple(ct), lazy_region(region))
@@ -161,7 +176,8 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
                               params.get("transpose_variants", ())))
     return LinearRule(info=info, callee=from_region(params["callee"]),
                       transpose=lazy("transpose_jaxpr"), num_res=params["num_res"],
-                      transpose_variants=transpose_variants)
+                      transpose_variants=transpose_variants,
+                      pattern_rules=params.get("pattern_rules"))
 
 
 def export_params(name: str, params: dict, in_avals, from_region: Callable) -> tuple[Any, dict]:

@@ -59,6 +59,56 @@ def body(closed):
     return closed.get() if type(closed) is LazyJaxpr else closed
 
 
+class PatternRules:
+    """A symbolic-zeros rule's bodies for the perturbation patterns JAX decides when it
+    differentiates, each made (traced from the user's Python rule) the first time JAX
+    asks for that pattern and kept.  ``make(key)`` returns the body for ``key`` with
+    the rule's closed-over values as its ``num_consts`` leading inputs, or None when
+    the rule's main body is the one for ``key`` (keys: a ``custom_jvp`` rule's pattern
+    of perturbed inexact arguments; a ``custom_vjp`` rule's ``("fwd", pattern)`` ->
+    ``(fwd, num_res)`` and ``("bwd", pattern, ct_pattern)``; a ``linear_call``'s
+    cotangent pattern).  Nothing is traced for a pattern JAX never gives, so every
+    pattern of any number of inputs, at any nesting, costs one trace when used
+    (docs/closure.md).  In-process only: a saved program keeps the bodies in its
+    regions (``jvp_variants`` ...), not these.
+
+    Passes may append operands to the rule's closed-over group (hoisting constants
+    into it); ``get`` gives a body unused inputs for them, so it fits the equation."""
+    __slots__ = ("_make", "_made", "num_consts", "main")
+
+    def __init__(self, make, num_consts: int, main: tuple | None = None):
+        self._make, self._made, self.num_consts = make, {}, int(num_consts)
+        self.main = main  # the pattern the rule's main bodies were traced for
+
+    def raw(self, key):
+        if key not in self._made:
+            self._made[key] = self._make(key)
+        return self._made[key]
+
+    def get(self, key, const_avals):
+        made = self.raw(key)
+        if made is None:
+            return None
+        extra = list(const_avals[self.num_consts:])
+        if isinstance(made, tuple):  # (fwd, num_res)
+            return (_with_more_consts(made[0], self.num_consts, extra), made[1])
+        return _with_more_consts(made, self.num_consts, extra)
+
+
+def _with_more_consts(closed, num_consts: int, avals):
+    """``closed`` (constants ``num_consts`` leading inputs) taking unused inputs of
+    ``avals`` after them."""
+    closed = body(closed)
+    if not avals:
+        return closed
+    j = closed.jaxpr
+    invars = list(j.invars)
+    invars[num_consts:num_consts] = [jx.Var(a) for a in avals]
+    return jx.ClosedJaxpr(jx.Jaxpr(j.constvars, invars, j.outvars, j.eqns, j.effects,
+                                   jx.fit_debug_info(j.debug_info, len(invars), len(j.outvars))),
+                          closed.consts)
+
+
 def run(closed, *args):
     closed = body(closed)
     return jx.eval_jaxpr(closed.jaxpr, closed.consts, *args)
@@ -130,6 +180,9 @@ class VJPRule:
     # cotangents are not SymbolicZero.  Patterns not listed use ``fwd`` / ``bwd``.
     fwd_variants: tuple = ()
     bwd_variants: tuple = ()
+    # Patterns the variants above do not list, traced when JAX first gives them
+    # (``PatternRules``; keys ("fwd", in_pattern), ("bwd", in_pattern, ct_pattern)).
+    pattern_rules: Any = None
 
     def replace(self, **kw) -> "VJPRule":
         return dataclasses.replace(self, **kw)
@@ -146,6 +199,7 @@ class JVPRule:
     # ((pattern, jvp ClosedJaxpr or LazyJaxpr), ...), same layout as ``jvp``; the
     # pattern all-perturbed (and any not listed) uses ``jvp``.
     variants: tuple = ()
+    pattern_rules: Any = None  # patterns not in ``variants``, traced when first used
 
     def replace(self, **kw) -> "JVPRule":
         return dataclasses.replace(self, **kw)
@@ -163,6 +217,7 @@ class LinearRule:
     # transposition picks the one for the cotangents it is given; patterns not listed
     # use ``transpose``.
     transpose_variants: tuple = ()
+    pattern_rules: Any = None  # cotangent patterns not listed, traced when first used
 
 
 def _zeros(aval):
@@ -453,9 +508,15 @@ def build_custom_vjp(rule: VJPRule):
         mode = info.const_mode("vjp", [p.perturbed for p in prims[:nc]], const_avals)
         # The user's fwd as traced with exactly these arguments perturbed, if it was.
         family = tuple(p.perturbed for p, a in zip(prims[nc:], arg_avals) if is_inexact(a))
-        if family not in fwd_by_pattern:
-            family = ()
-        outs_res = run(fwd_by_pattern[family][0] if family else rule.fwd, *vals)
+        if family in fwd_by_pattern:
+            chosen = fwd_by_pattern[family][0]
+        else:
+            # A pattern no variant was traced for: traced now, by JAX's pattern.
+            made = (rule.pattern_rules.get(("fwd", family), const_avals)
+                    if rule.pattern_rules is not None and family != rule.pattern_rules.main
+                    else None)
+            chosen, family = (made[0], ("made", family)) if made is not None else (rule.fwd, ())
+        outs_res = run(chosen, *vals)
         outs, res = outs_res[:n_out], outs_res[n_out:]
         keep_args = tuple(vals[nc:]) if mode != "none" else ()
         hot = tuple(i for i, p in enumerate(prims[:nc]) if p.perturbed)
@@ -472,10 +533,16 @@ def build_custom_vjp(rule: VJPRule):
         dense_cts = [c for c in cts if c is not None]
         arg_cts: list = [None] * len(arg_avals)
         if args_hot:  # as in JAX, the user's bwd runs only for perturbed arguments
-            rule_bwd = bwd_by_pattern.get((family, ct_pattern))
+            full = (True,) * len(dense_cts)
+            made_for = family[1] if family[:1] == ("made",) else None
+            rule_bwd = None if made_for is not None else bwd_by_pattern.get((family, ct_pattern))
+            if rule_bwd is None and rule.pattern_rules is not None and (
+                    made_for is not None or ct_pattern != full):
+                in_pattern = made_for if made_for is not None else (
+                    family or rule.pattern_rules.main)
+                rule_bwd = rule.pattern_rules.get(("bwd", in_pattern, ct_pattern), const_avals)
             if rule_bwd is None:
-                rule_bwd = bwd_by_pattern[(family, (True,) * len(dense_cts))] if family \
-                    else rule.bwd
+                rule_bwd = bwd_by_pattern[(family, full)] if family else rule.bwd
             it = iter(run(rule_bwd, *saved.consts, *saved.res, *dense_cts))
             arg_cts = [next(it) if is_inexact(a) else None for a in arg_avals]
         const_cts: list = [None] * nc
@@ -530,7 +597,10 @@ def build_custom_jvp(rule: JVPRule):
             # SymbolicZero for the others, as JAX would give it).
             pattern = tuple(type(t) is not SymbolicZero
                             for t, a in zip(t_args, arg_avals) if is_inexact(a))
-            res = run(variants.get(pattern, rule.jvp), *consts, *args, *dense)
+            chosen = variants.get(pattern)
+            if chosen is None and rule.pattern_rules is not None:
+                chosen = rule.pattern_rules.get(pattern, const_avals)  # traced now if new
+            res = run(chosen if chosen is not None else rule.jvp, *consts, *args, *dense)
             outs, t_in = res[:n_out], iter(res[n_out:])
             t_outs = [next(t_in) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
                       for a in out_avals]
@@ -582,6 +652,9 @@ class _TransposeThunk:
         cotangents (``LinearRule.transpose_variants``), or this one."""
         rule = self._jaxpr_cc_rule
         chosen = dict(rule.transpose_variants).get(tuple(pattern))
+        if chosen is None and rule.pattern_rules is not None:
+            chosen = rule.pattern_rules.get(tuple(pattern),
+                                            list(body(rule.callee).in_avals)[:rule.num_res])
         if chosen is None:
             return self
         return _TransposeThunk(LinearRule(info=rule.info, callee=rule.callee, transpose=chosen,

@@ -37,8 +37,8 @@ from .. import jax_adapter as jx
 from . import naming
 from .errors import ClosureConversionError
 from .fingerprint import fingerprint
-from .rules import (CLOSED_OVER_MODES, JVPRule, LazyJaxpr, LinearRule, RuleInfo, VJPRule,
-                    bind_linear_rule, build_custom_jvp, build_custom_vjp, is_inexact)
+from .rules import (CLOSED_OVER_MODES, JVPRule, LazyJaxpr, LinearRule, PatternRules, RuleInfo,
+                    VJPRule, bind_linear_rule, build_custom_jvp, build_custom_vjp, is_inexact)
 
 _local = threading.local()
 # JAX's jit tracing cache must not hand a jit body traced inside one session (its rules
@@ -271,17 +271,51 @@ class TraceSession:
             traced.fwd_traced = fwd
             return traced
 
-        def rule_for(consts, fwd, bwd, num_res, fwd_variants=(), bwd_variants=()):
+        main_pattern = tuple(q for q, a in zip(perturbed, avals) if is_inexact(a))
+        made_by = cvjp.symbolic_zeros and any(perturbed) and refuse is None
+        unchanged = self._unchanged_since_call("vjp", cvjp, static, key)
+
+        def rule_for(consts, fwd, bwd, num_res, fwd_variants=(), bwd_variants=(),
+                     pattern_rules=None):
             call = _close(_with_consts(p_jaxpr, p_consts, consts))
             named = self.info(cvjp.fun, consts, [cvjp.fun, cvjp.fwd, cvjp.bwd, *static])
             return VJPRule(info=_with_reverse_ok(named, call), call=call, fwd=fwd, bwd=bwd,
                            num_consts=len(consts), num_res=num_res,
                            symbolic_zeros=bool(cvjp.symbolic_zeros),
-                           fwd_variants=fwd_variants, bwd_variants=bwd_variants)
+                           fwd_variants=fwd_variants, bwd_variants=bwd_variants,
+                           pattern_rules=pattern_rules)
 
         def provisional(consts):
+            later = _delegate(pending, len(consts), main_pattern) if made_by else None
             return build_custom_vjp(rule_for(consts, LazyJaxpr(lambda: pending.rule.fwd),
-                                             LazyJaxpr(lambda: pending.rule.bwd), 0))
+                                             LazyJaxpr(lambda: pending.rule.bwd), 0,
+                                             pattern_rules=later))
+
+        def pattern_rules_for(main: "_Traced", consts) -> PatternRules:
+            """fwd and bwd for the patterns JAX gives that no variant was traced for,
+            traced when first given (``rules.PatternRules``)."""
+            inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
+            by_pattern = {main_pattern: main}
+
+            def traced_for(in_pattern) -> "_Traced":
+                if in_pattern not in by_pattern:
+                    by_pattern[in_pattern] = trace_pattern(_flags(inexact, len(avals),
+                                                                  in_pattern), None)
+                return by_pattern[in_pattern]
+
+            def make(key):
+                what, in_pattern = key[0], key[1]
+                if what == "fwd":
+                    if in_pattern == main_pattern or not unchanged():
+                        return None  # the main rule (see _unchanged_since_call)
+                    t = traced_for(in_pattern)
+                    return _close_made(t.first, t.first_consts, consts, cvjp.fwd), t.num_res
+                t, ct_pattern = traced_for(in_pattern), key[2]
+                fwd = getattr(t, "fwd_traced", None)
+                if fwd is not None and any(not c for c in ct_pattern) and unchanged():
+                    t = trace_pattern(_flags(inexact, len(avals), in_pattern), ct_pattern, fwd)
+                return _close_made(t.second, t.second_consts, consts, cvjp.bwd)
+            return PatternRules(make, len(consts), main_pattern)
 
         def finish(t: "_Traced", consts):
             if consts is None:
@@ -294,17 +328,33 @@ class TraceSession:
                                  for family, ct_pattern, v in t.bwd_variants)
             rule = rule_for(consts, closed(t.first, t.first_consts),
                             closed(t.second, t.second_consts), t.num_res,
-                            fwd_variants, bwd_variants)
+                            fwd_variants, bwd_variants,
+                            pattern_rules_for(t, consts) if made_by else None)
             return rule, consts, out_tree, build_custom_vjp(rule)
 
         pending.provisional = provisional
         return self._traced_recursively(key, pending, trace_rules, finish)
 
+    def _unchanged_since_call(self, kind, custom, static, key):
+        """``() -> bool``: can the user's rules still be traced as they were at this
+        call?  A pattern JAX gives only when it differentiates is traced then, after
+        the program returned; a rule reading a cell rebound since the call would
+        see the new value.  So it is traced only while everything the rules can read
+        has the fingerprint it had at the call (as for reuse, ``_call_custom``);
+        otherwise the pattern runs the main rule (traced with every perturbable
+        input perturbed, at the call) -- exact unless the rule depends on which
+        inputs are perturbed (docs/closure.md)."""
+        if key is None:
+            return lambda: False
+        seen = key[2]
+        return lambda: fingerprint((_rule_functions(kind, custom), static), self.keepalive) == seen
+
     def _variants_allowed(self) -> bool:
         """Per-pattern variants only for a rule called outside other rules' bodies:
         a rule traced inside another's variant would trace variants of its own, a
         cost exponential in the nesting (equinox's solvers nest filter_custom_vjp
-        rules); nested rules use the rule traced with every input perturbed."""
+        rules); a nested rule's patterns are traced when JAX first gives them
+        (``PatternRules``)."""
         return len(self.in_progress) <= 1
 
     def _vjp_variants(self, avals, out_avals, perturbed, trace_pattern, main):
@@ -437,20 +487,44 @@ class TraceSession:
                 return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("jvp", cjvp.jvp, e)))
 
-        def rule_for(consts, jvp, variants=()):
+        made_by = cjvp.symbolic_zeros and any(perturbed) and refuse is None
+        main_pattern = tuple(q for q, a in zip(perturbed, avals) if is_inexact(a))
+        unchanged = self._unchanged_since_call("jvp", cjvp, static, key)
+
+        def rule_for(consts, jvp, variants=(), pattern_rules=None):
             call = _close(_with_consts(p_jaxpr, p_consts, consts))
             info = self.info(cjvp.fun, consts, [cjvp.fun, cjvp.jvp, *static])
             return JVPRule(info=_with_reverse_ok(info, call), call=call, jvp=jvp,
                            num_consts=len(consts), symbolic_zeros=bool(cjvp.symbolic_zeros),
-                           variants=variants)
+                           variants=variants, pattern_rules=pattern_rules)
 
         def provisional(consts):
             # Calls from inside the rule (recursion) get its variants too, once made.
             variants = tuple(
                 (pattern, LazyJaxpr(lambda pattern=pattern: dict(pending.rule.variants)[pattern]))
                 for pattern in _variant_patterns(avals, perturbed)) if cjvp.symbolic_zeros else ()
+            later = _delegate(pending, len(consts), main_pattern) if made_by else None
             return build_custom_jvp(rule_for(consts, LazyJaxpr(lambda: pending.rule.jvp),
-                                             variants))
+                                             variants, later))
+
+        def pattern_rules_for(consts) -> PatternRules:
+            """The rule for the patterns JAX gives that no variant was traced for,
+            traced when first given (``rules.PatternRules``)."""
+            inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
+
+            def make(pattern):
+                if pattern == main_pattern or not unchanged():
+                    return None  # the main rule (see _unchanged_since_call)
+                try:
+                    jaxpr, cs = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
+                                                out_avals, _flags(inexact, len(avals), pattern))
+                except ClosureConversionError:
+                    raise
+                except Exception as e:  # raises as in JAX, when JAX runs this pattern
+                    jaxpr, cs = _refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
+                                              _rule_error("jvp", cjvp.jvp, e))
+                return _close_made(_without_dead_equations(jaxpr), cs, consts, cjvp.jvp)
+            return PatternRules(make, len(consts), main_pattern)
 
         def finish(t: "_Traced", consts):
             if consts is None:
@@ -458,7 +532,7 @@ class TraceSession:
             variants = tuple((pattern, _close(_with_consts(j, c, consts)))
                              for pattern, j, c in t.variants)
             rule = rule_for(consts, _close(_with_consts(t.first, t.first_consts, consts)),
-                            variants)
+                            variants, pattern_rules_for(consts) if made_by else None)
             return rule, consts, out_tree, build_custom_jvp(rule)
 
         pending.provisional = provisional
@@ -571,8 +645,8 @@ _MAX_UNFOLDING = 4
 _MATCH_RELATIVES = True  # calls of the same structure at other values are recursion
 _SETTLE_ROUNDS = 8  # a recursive rule's closed-over values settle in one or two rounds
 # A symbolic-zeros jvp rule is traced once per perturbation pattern of its perturbable
-# inputs (2**n - 2 extra traces) up to this many such inputs; beyond it, patterns
-# other than "all perturbed" use the rule traced with every input perturbed.
+# inputs (2**n - 2 extra traces) up to this many such inputs, with the program; the
+# other patterns are traced when JAX first gives them (``PatternRules``).
 _MAX_PATTERN_INPUTS = 3
 # A symbolic-zeros custom_vjp: at most this many (fwd pattern x cotangent pattern)
 # traces; beyond it, bwd is traced with every cotangent dense for each fwd pattern.
@@ -673,6 +747,49 @@ class _Pending:
             fn = getattr(self.g, attr, None)
             if fn is not None and hasattr(fn, "_jaxpr_cc_rule"):
                 fn._jaxpr_cc_rule = rule
+
+
+def _flags(inexact: list[int], n: int, pattern) -> tuple[bool, ...]:
+    """A pattern over the inexact leaves -> perturbed flags over all ``n`` leaves."""
+    flags = [False] * n
+    for i, q in zip(inexact, pattern):
+        flags[i] = bool(q)
+    return tuple(flags)
+
+
+def _delegate(pending: "_Pending", num_consts: int, main) -> PatternRules:
+    """The pattern rules of a rule still being traced (for its recursive calls): those
+    of the finished rule, which has the same closed-over values."""
+    def make(key):
+        rules = pending.rule.pattern_rules
+        return None if rules is None else rules.raw(key)
+    return PatternRules(make, num_consts, main)
+
+
+def _close_made(jaxpr, own: list, consts: list, fn):
+    """A body traced for a pattern when JAX first gave it: its closed-over values as
+    the rule's leading inputs (``consts``).  A value only this pattern reads stays a
+    constant of the body if it is concrete; a traced one cannot be given to it."""
+    known = {id(c) for c in consts}
+    extra = _dedupe([c for c in own if id(c) not in known])
+    for c in extra:
+        if isinstance(c, jx.Tracer):
+            raise ClosureConversionError(
+                f"custom rule '{naming.name_of(fn)}' ({naming.source_of(fn)}) reads a traced "
+                f"value only for some patterns of perturbed inputs (it reads it after JAX "
+                f"decided which inputs are perturbed); pass that value as an argument")
+    closed = _with_consts(jaxpr, own, list(consts) + extra)
+    if not extra:
+        return _close(closed)
+    n = len(consts)
+    invars = list(closed.invars)
+    extra_vars = invars[n:n + len(extra)]
+    del invars[n:n + len(extra)]
+    return jx.ClosedJaxpr(jx.Jaxpr(extra_vars, invars, closed.outvars, closed.eqns,
+                                   closed.effects, jx.fit_debug_info(closed.debug_info,
+                                                                     len(invars),
+                                                                     len(closed.outvars))),
+                          list(extra))
 
 
 def _variant_patterns(avals, perturbed) -> list[tuple[bool, ...]]:

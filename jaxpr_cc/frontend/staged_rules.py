@@ -21,7 +21,7 @@ from .. import jax_adapter as jx
 from ..closure import naming
 from ..closure.errors import ClosureConversionError
 from ..closure.ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
-from ..closure.rules import (FORWARD_ONLY_LEVELS, RuleInfo, forward_only, forward_only_target,
+from ..closure.rules import (FORWARD_ONLY_LEVELS, PatternRules, RuleInfo, forward_only, forward_only_target,
                              is_inexact)
 from ..closure.session import (_dedupe, _insert_inputs, _variant_patterns, _with_consts,
                                session)
@@ -234,11 +234,34 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     b_j, b_c = trace_bwd(res_avals)
     main = (fwd_consts, f_j, f_c, len(res_avals), b_j, b_c)
     fwd_variants, bwd_variants = [], []
+    trace_for = None
     if p.get("symbolic_zeros", False):
         fwd_variants, bwd_variants = _staged_vjp_variants(
             arg_avals, out_avals, res_avals, trace_fwd, trace_bwd)
+        inexact = [i for i, a in enumerate(arg_avals) if is_inexact(a)]
+
+        def trace_for(key):
+            """The staged rules for a pattern no variant lists, when JAX first gives
+            it: ("fwd", pattern) -> (fwd_consts, f_j, f_c, num_res), or None when the
+            rule refuses the pattern (the main rule runs, as for the variants);
+            ("bwd", pattern, ct_pattern) -> (b_j, b_c), right after that pattern's
+            fwd (JAX's bwd reads the residual layout of the last fwd traced)."""
+            flags = [False] * len(arg_avals)
+            for i, q in zip(inexact, key[1]):
+                flags[i] = q
+            if key[0] == "fwd":
+                try:
+                    v_fc, v_j, v_c, v_res = trace_fwd(flags)
+                except ClosureConversionError:
+                    raise
+                except Exception:  # noqa: BLE001 -- a pattern the rule refuses
+                    return None
+                return v_fc, v_j, v_c, len(v_res)
+            _, _, _, v_res = trace_fwd(flags)
+            ct = key[2]
+            return trace_bwd(v_res, None if all(ct) else ct)
     return _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, main,
-                       bwd_fn, fwd_variants, bwd_variants)
+                       bwd_fn, fwd_variants, bwd_variants, trace_for)
 
 
 def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
@@ -295,7 +318,7 @@ def _consts_first(jaxpr):
 
 
 def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, main, bwd_fn,
-                fwd_variants=(), bwd_variants=()):
+                fwd_variants=(), bwd_variants=(), trace_for=None):
     """Assemble the first-order equation: operands (jax consts, new consts, args).
     ``main``: (fwd_consts, f_j, f_c, num_res, b_j, b_c); the variants as
     ``_staged_vjp_variants`` returns them."""
@@ -355,8 +378,37 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, mai
                                                for family, ct, _, _ in bwd_variants)
         params["bwd_variants"] = tuple(region_of(bwd_of(v_j, v_c))
                                        for _, _, v_j, v_c in bwd_variants)
+    if trace_for is not None:
+        main_pattern = tuple(is_inexact(v.aval) for v in args if is_inexact(v.aval))
+
+        def make(key):
+            if key[0] == "fwd":
+                if key[1] == main_pattern:
+                    return None
+                got = trace_for(key)
+                if got is None:
+                    return None
+                v_fc, v_j, v_c, n_res = got
+                return _made(fwd_of(v_j, v_fc, v_c), list(v_c) + list(v_fc), extra), n_res
+            v_j, v_c = trace_for(key)
+            return _made(bwd_of(v_j, v_c), list(v_c), extra)
+        params["pattern_rules"] = PatternRules(make, nc + n_new, main_pattern)
     _replace_equation(region, eqn, jax_consts + new_vals + args, params)
     return params, extra
+
+
+def _made(rebased, lead_values, extra):
+    """A jaxpr ``_rebase`` made for a pattern traced when JAX first gave it.  It must
+    read only values the equation's operands (``extra``) hold: the operands were fixed
+    when the rule was materialized."""
+    known = {id(v) for v in extra}
+    more = _dedupe([v for v in lead_values if id(v) not in known])
+    if not more:
+        return jx.ClosedJaxpr(rebased, [])
+    raise ClosureConversionError(
+        "a custom rule JAX staged reads values for a perturbation pattern that it does not "
+        "read otherwise; trace the program with jaxpr_cc.trace, which materializes rules "
+        "while the trace is live")
 
 
 def _rebase(jaxpr, lead_values, jax_consts, extra, *, lead: int):
@@ -507,6 +559,24 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
             "jvp_variants": tuple(
                 region_from_closed_jaxpr(jx.ClosedJaxpr(rebased(v_j, v_c), []), None, memo)
                 for _, v_j, v_c in variants)}
+    if p.get("symbolic_zeros", False):
+        main_pattern = tuple(True for _ in t_avals)
+
+        def make(pattern):
+            """The staged rule for a pattern no variant lists, when JAX first gives
+            it (None: the rule refuses it, so the main rule runs, as for variants)."""
+            if tuple(pattern) == main_pattern:
+                return None
+            try:
+                v_j, v_c, _ = _trace("jvp", jvp_fun, functools.partial(jvp_dense, pattern=pattern),
+                                     in_avals, "custom_jvp jvp")
+            except ClosureConversionError:
+                raise
+            except Exception:  # noqa: BLE001 -- a pattern the rule refuses
+                return None
+            _check_concrete("jvp", jvp_fun, v_c)
+            return _made(rebased(v_j, v_c), list(v_c), extra)
+        variant_params["pattern_rules"] = PatternRules(make, nc + len(extra), main_pattern)
     params = {
         "call_jaxpr": call,
         "jvp_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(jvp_j, []), None, memo),

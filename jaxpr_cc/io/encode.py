@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..closure.ir_rules import IN_PROCESS_PARAMS
 from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import NameScope, NameTransform, eqn_context_fields
@@ -167,6 +168,8 @@ class _Encoder:
         if eqn.params:
             params = {}
             for key, value in eqn.params.items():
+                if key in IN_PROCESS_PARAMS:  # in-process objects: not saved
+                    continue
                 if type(key) is not str:
                     raise SaveError(f"cannot save {where}: parameter name {key!r} is not a string")
                 self.params.where = f"{eqn.prim.name} parameter '{key}' ({where})"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..closure.ir_rules import IN_PROCESS_PARAMS
 from . import param_types
 from .equation import Equation
 from .param_types import SMALL_ARRAY, format_array, format_scalar  # noqa: F401 (re-exported)
@@ -127,7 +128,8 @@ class _Printer:
         region_keys = {k for k, _, _ in subs}
         defaults = _DEFAULT_PARAMS.get(eqn.prim.name, {})
         params = [f"{k}={format_param(v)}" for k, v in sorted(eqn.params.items())
-                  if k not in region_keys and not _is_default(defaults, k, v)]
+                  if k not in region_keys and k not in IN_PROCESS_PARAMS
+                  and not _is_default(defaults, k, v)]
         # Calls of named functions are params (``jaxpr=@block``); only regions called
         # from this site alone are printed inline, in braces.
         called = {}

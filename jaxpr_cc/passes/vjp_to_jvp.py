@@ -60,7 +60,8 @@ import numpy as np
 from .. import jax_adapter as jx
 from ..backends.jaxpr import region_to_closed_jaxpr
 from ..closure.ir_rules import is_first_order_custom
-from ..closure.rules import LinearRule, RuleInfo, bind_linear_rule, is_inexact, run
+from ..closure.rules import (LinearRule, PatternRules, RuleInfo, _pe_bind_consts,
+                             bind_linear_rule, is_inexact, run)
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
 from ..ir.equation import Equation
 from ..ir.region import Region
@@ -274,15 +275,26 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
     # that calls its own function) become one set of Regions, not one per variant.
     memo: dict = {}
 
-    def jvp_for(fwd_f, n_res, bwd_f, ct_variants):
+    # Patterns no variant lists, traced when JAX first gives them (rules.PatternRules):
+    # the jvp rule of a fwd pattern, and the bwd of a cotangent pattern.
+    made = p.get("pattern_rules")
+    full_ct = (True,) * n_ct
+
+    def ct_rules(in_pattern):
+        if made is None or in_pattern is None:
+            return None
+        return lambda ct: None if all(ct) else made.get(("bwd", in_pattern, ct), c_avals)
+
+    def jvp_for(fwd_f, n_res, bwd_f, ct_variants, in_pattern=None, as_jaxpr=False):
         transposed = tangent_map(bwd_f, n_res)
         use_primal = transposed is None and n_ct > 0 and bool(bwd_f.out_avals)
         return _jvp_rule(_info(p), call, fwd_f, bwd_f, transposed, nc, n_res,
                          consts_linear=consts_linear, use_primal=use_primal,
-                         ct_variants=ct_variants, memo=memo)
+                         ct_variants=ct_variants, memo=memo, ct_rules=ct_rules(in_pattern),
+                         as_jaxpr=as_jaxpr)
 
     main = families.pop(())
-    jvp = jvp_for(fwd, nr, bwd, main["ct_variants"])
+    jvp = jvp_for(fwd, nr, bwd, main["ct_variants"], made.main if made is not None else None)
     params = dict(call_jaxpr=p["call_jaxpr"], jvp_jaxpr=jvp,
                   num_consts=0 if consts_linear else nc,
                   symbolic_zeros=p["symbolic_zeros"])
@@ -290,13 +302,34 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
         # A symbolic-zeros custom_vjp traced per perturbation pattern: the jvp rule
         # picked for a pattern runs the fwd traced for it, and its tangent's transpose
         # the bwd traced for it and for the cotangents given (docs/closure.md).
-        variants = [(pattern, jvp_for(f["fwd"], f["num_res"], f["bwd"], f["ct_variants"]))
+        variants = [(pattern, jvp_for(f["fwd"], f["num_res"], f["bwd"], f["ct_variants"],
+                                      pattern))
                     for pattern, f in families.items()]
         if consts_linear:
             variants = _with_const_patterns(variants, c_avals)
         if variants:
             params["jvp_variant_patterns"] = tuple(pattern for pattern, _ in variants)
             params["jvp_variants"] = tuple(region for _, region in variants)
+    if made is not None:
+        n_c = sum(1 for a in c_avals if is_inexact(a)) if consts_linear else 0
+
+        def make_jvp(pattern):
+            x_pattern = tuple(pattern[n_c:])  # the user's rule never sees the consts
+            if x_pattern == made.main:
+                return None
+            got = made.get(("fwd", x_pattern), c_avals)
+            if got is None:
+                return None
+            fwd_f, n_res = got
+            bwd_f = made.get(("bwd", x_pattern, full_ct), c_avals)
+            if fwd_f.consts or bwd_f.consts:
+                # Its bwd is transposed, which needs every value it reads as an input.
+                raise NotTransposableError(
+                    f"{_describe(p)} reads a value, for the pattern of perturbed inputs "
+                    f"{x_pattern}, that it does not read otherwise; pass that value as an "
+                    f"argument", None, "a value read for one pattern only")
+            return jvp_for(fwd_f, n_res, bwd_f, (), x_pattern, as_jaxpr=True)
+        params["pattern_rules"] = PatternRules(make_jvp, params["num_consts"], made.main)
     params.update({f: p[f] for f in _INFO_FIELDS})
     params["written_as"] = "vjp"  # errors name the custom_vjp the user wrote
     if consts_linear:
@@ -405,7 +438,7 @@ def _consts_need_forward_columns(p: dict, c_avals) -> bool:
 
 def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
               consts_linear: bool, use_primal: bool, ct_variants=(),
-              memo: dict | None = None) -> Region:
+              memo: dict | None = None, ct_rules=None, as_jaxpr: bool = False) -> Region:
     """The jvp rule ``(c, x, t) -> (y, t_y)`` as a constant-free Region.
 
     ``t_y = linear_call(callee, transpose)(residuals; t)``.  In the plain case the
@@ -415,7 +448,9 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
     by forward-mode columns); with ``use_primal`` the callee is the primal's jvp
     instead of ``T``.  Either needs the primal arguments among the residuals.
     ``ct_variants`` ((ct_pattern, bwd), ...): bwd traced for output cotangents that
-    are symbolic zeros, the linear_call's transposes for those patterns.
+    are symbolic zeros, the linear_call's transposes for those patterns; ``ct_rules``
+    (ct_pattern -> bwd or None): bwd for the other patterns, traced when first used.
+    ``as_jaxpr``: the rule as a ClosedJaxpr (a body made when JAX asks for it).
     """
     import jax
 
@@ -489,8 +524,17 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
         else:
             callee_c, transpose_c = transposed, bwd  # exactly (c, r; t_x) and (c, r; ct_y)
             t_variants = tuple((ct, b) for ct, b in ct_variants)
+        t_rules = None
+        if ct_rules is not None:
+            def make_transpose(ct):
+                b = ct_rules(ct)
+                if b is None or not keep_x:
+                    return b
+                return _closed(transpose_by(b, ct), [*res_avals, *ct_avals],
+                               f"{info.name}_cotangent", allow_consts=True)
+            t_rules = PatternRules(make_transpose, n_res)
         rule = LinearRule(info=info, callee=callee_c, transpose=transpose_c, num_res=n_res,
-                          transpose_variants=t_variants)
+                          transpose_variants=t_variants, pattern_rules=t_rules)
     y_t_avals = [a for a in y_avals if is_inexact(a)]
 
     def jvp(*ops):
@@ -505,6 +549,9 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
             t_y = bind_linear_rule(rule, [*c, *(x if keep_x else ()), *r, *t])
         return [*y, *t_y]
 
+    if as_jaxpr:  # a body made late may hold concrete constants (see PatternRules)
+        return _closed(jvp, [*c_avals, *x_avals, *tc_avals, *tx_avals], f"{info.name}_jvp",
+                       allow_consts=True)
     jaxpr, consts, _ = jx.trace_flat(jvp, [*c_avals, *x_avals, *tc_avals, *tx_avals],
                                      f"{info.name}_jvp")
     if consts:
@@ -513,8 +560,10 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
     return region_from_closed_jaxpr(jx.ClosedJaxpr(jaxpr, []), memo=memo)
 
 
-def _closed(fn, avals, name):
+def _closed(fn, avals, name, allow_consts: bool = False):
     jaxpr, consts, _ = jx.trace_flat(fn, avals, name)
+    if consts and allow_consts:  # concrete values of a body made late: its constants
+        return jx.ClosedJaxpr(_pe_bind_consts(jaxpr, len(consts)), list(consts))
     if consts:
         raise RuntimeError(f"vjp-to-jvp: {name} captured {len(consts)} constants")
     return jx.ClosedJaxpr(jaxpr, [])
