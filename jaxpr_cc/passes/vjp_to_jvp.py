@@ -69,6 +69,11 @@ from .transpose import NotTransposableError, transpose_linear
 from .base import Pass, PassContext, register_pass
 
 jx.register_linear_call_batching()
+# Reverse mode along a linear_call's perturbed residuals (jax.grad(jax.jacfwd(f))
+# through a bwd that iterates an adjoint solve) transposes the callee's jvp here.
+jx.set_linear_jaxpr_transposer(
+    lambda closed, linear: transpose_linear(closed, linear, what="the derivative of a "
+                                            "forward-mode tangent map along its residuals"))
 
 _INFO_FIELDS = ("name", "source", "const_names", "closed_over", "max_forward_size", "reverse_ok")
 
