@@ -20,7 +20,10 @@ other than through its carries, or an output does not depend on them but is not
 zero (an affine map) -- :class:`NotTransposableError`
 names the first offending equation and the user source line it came from.
 That check runs first, on the jaxpr's structure (JAX's transposition would
-silently drop the constant part of an affine map), and is conservative: a map
+silently drop the constant part of an affine map).  It tracks known zeros: a
+value computed from zeros by an operation linear in them (no constant added or
+placed beside them) is zero, so an accumulator that starts at zero and to which
+a loop only adds zeros is a zero output, not an affine one.  It is conservative: a map
 that is linear only because a constant part cancels or never reaches the
 result (an ODE adjoint packing state and cotangent into one array) is reported
 as affine.
