@@ -599,8 +599,11 @@ def _linear_call_jvp(primals, tangents, *, callee, transpose_thunk, num_callee_c
         lin_t = [_lc_ad.instantiate_zeros(t) for t in lin_t]
         return outs, _joint_tangent(callee, transpose_thunk, lead, lin, hot,
                                     [tangents[i] for i in hot], lin_t)
-    _, t_out = jax.jvp(through_residuals, tuple(lead[i] for i in hot),
-                       tuple(tangents[i] for i in hot))
+    if _needs_own_residual_transpose(callee):
+        t_out = _residual_tangent(callee, lead, lin, hot, [tangents[i] for i in hot])
+    else:
+        _, t_out = jax.jvp(through_residuals, tuple(lead[i] for i in hot),
+                           tuple(tangents[i] for i in hot))
     t_out = list(t_out)
     if any(type(t) is not _lc_ad.Zero for t in lin_t):
         lin_t = [_lc_ad.instantiate_zeros(t) for t in lin_t]
@@ -637,6 +640,9 @@ def _joint_tangent(callee, transpose_thunk, lead, lin, hot, hot_t, lin_t):
         transpose, t_consts = transpose_thunk()
         res = lead_[len(lead_) - (len(transpose.in_avals) - len(t_consts) - len(cts)):]
         ct_lin = _core.eval_jaxpr(transpose.jaxpr, transpose.consts, *t_consts, *res, *cts)
+
+        if _needs_own_residual_transpose(callee):
+            return [*_residual_vjp(callee, lead_, lin_, hot, list(cts)), *ct_lin]
 
         def f(*hv):
             return _core.eval_jaxpr(callee.jaxpr, callee.consts, *at(lead_, hv), *lin_)
@@ -706,6 +712,96 @@ def _transpose_linear_call(cts, *args, callee, transpose_thunk, num_callee_const
     out = linear_call_p.bind(*res, *cts, callee=transpose, transpose_thunk=swapped(),
                              num_callee_consts=0, num_res=num_res)
     return [None] * num_res + list(out)
+
+
+# --- (h17h) linear_call: reverse mode along perturbed residuals of a callee
+# with a while_loop ----------------------------------------------------------
+# The tangent a linear_call gets from its perturbed residuals is the jvp of its
+# callee.  When that callee holds a while_loop (vjp-to-jvp's tangent map of a bwd
+# that solves an adjoint by iteration: the transposed iteration), JAX cannot
+# reverse that jvp ("Reverse-mode differentiation does not work for
+# lax.while_loop"), so ``jax.grad(jax.jacfwd(f))`` failed.  That jvp is linear
+# in the residuals' tangents and its loop is counted (its stopping test reads
+# primal carries only), which jaxpr-cc's own transposition handles: it is bound
+# as a linear_call whose transpose is that transposition, registered here by
+# ``jaxpr_cc.passes`` (the adapter sits below the passes).
+_LINEAR_JAXPR_TRANSPOSER: list = [None]
+
+
+def set_linear_jaxpr_transposer(transpose) -> None:
+    """``transpose(closed, linear_mask) -> ClosedJaxpr`` (see
+    ``jaxpr_cc.passes.transpose.transpose_linear``), used for the residual
+    tangents of linear_calls whose callee holds a while_loop."""
+    _LINEAR_JAXPR_TRANSPOSER[0] = transpose
+
+
+def _jaxpr_has_while(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            return True
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                sub = x.jaxpr if isinstance(x, ClosedJaxpr) else x
+                if isinstance(sub, _core.Jaxpr) and _jaxpr_has_while(sub):
+                    return True
+    return False
+
+
+def _needs_own_residual_transpose(callee) -> bool:
+    return _LINEAR_JAXPR_TRANSPOSER[0] is not None and _jaxpr_has_while(callee.jaxpr)
+
+
+def _residual_jvp_jaxpr(callee, lead_avals, lin_avals, hot):
+    """``(lead, lin, hot_t) -> d callee(lead, lin) . hot_t`` (captured constants
+    first) and those constants."""
+    n_lead, n_lin = len(lead_avals), len(lin_avals)
+
+    def jvp_res(*ops):
+        lead_, lin_, hot_t = ops[:n_lead], ops[n_lead:n_lead + n_lin], ops[n_lead + n_lin:]
+
+        def f(*hv):
+            full = list(lead_)
+            for i, v in zip(hot, hv):
+                full[i] = v
+            return _core.eval_jaxpr(callee.jaxpr, callee.consts, *full, *lin_)
+        _, t = jax.jvp(f, tuple(lead_[i] for i in hot), tuple(hot_t))
+        return list(t)
+
+    hot_avals = [lead_avals[i].to_tangent_aval() for i in hot]
+    jaxpr, consts, _ = trace_flat(jvp_res, [*lead_avals, *lin_avals, *hot_avals],
+                                  "residual_tangent")
+    return jaxpr, consts
+
+
+def _residual_tangent(callee, lead, lin, hot, hot_t):
+    """The residual term of ``_linear_call_jvp`` as a linear_call in ``hot_t``
+    (residuals: the constants, ``lead``, ``lin``) transposed by jaxpr-cc."""
+    hot_t = [_lc_ad.instantiate_zeros(t) for t in hot_t]
+    lead_avals = [_core.typeof(x) for x in lead]
+    lin_avals = [_core.typeof(x) for x in lin]
+    jaxpr, consts = _residual_jvp_jaxpr(callee, lead_avals, lin_avals, hot)
+    n_res = len(consts) + len(lead) + len(lin)
+    closed = ClosedJaxpr(jaxpr, [])
+
+    def thunk():
+        transposed = _LINEAR_JAXPR_TRANSPOSER[0](closed, [False] * n_res + [True] * len(hot))
+        return transposed, []
+
+    return list(linear_call_p.bind(*consts, *lead, *lin, *hot_t, callee=closed,
+                                   transpose_thunk=thunk, num_callee_consts=0, num_res=n_res))
+
+
+def _residual_vjp(callee, lead, lin, hot, cts):
+    """Cotangents of the perturbed residuals ``hot`` of ``callee(lead, lin)``,
+    by jaxpr-cc's transposition of its jvp (JAX's vjp cannot reverse its loop)."""
+    lead_avals = [_core.typeof(x) for x in lead]
+    lin_avals = [_core.typeof(x) for x in lin]
+    jaxpr, consts = _residual_jvp_jaxpr(callee, lead_avals, lin_avals, hot)
+    n_res = len(consts) + len(lead) + len(lin)
+    transposed = _LINEAR_JAXPR_TRANSPOSER[0](ClosedJaxpr(jaxpr, []),
+                                             [False] * n_res + [True] * len(hot))
+    cts = [_lc_ad.instantiate_zeros(ct) for ct in cts]
+    return _core.eval_jaxpr(transposed.jaxpr, (), *consts, *lead, *lin, *cts)
 
 
 def register_linear_call_batching() -> None:

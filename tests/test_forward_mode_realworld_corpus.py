@@ -11,8 +11,8 @@ rules, which JAX already runs in forward mode):
   JAX refuses);
 - the Hessian of ``sum(out**2)`` (``jax.hessian`` of the jitted loss: forward over
   reverse) equals float64 central differences of JAX's gradient (of the values,
-  where JAX refuses the gradient) -- except for three diffrax programs
-  (``HESSIAN_REFUSED``, strict xfails: not done yet).
+  where JAX refuses the gradient) -- except for one diffrax program
+  (``HESSIAN_REFUSED``, a strict xfail: not done yet).
 
 None of these rules has a bwd that is not linear in its cotangent, so none is
 refused.  BacksolveAdjoint's bwd writes the adjoint into diffrax's save buffer,
@@ -49,12 +49,13 @@ HESSIAN_SAMPLE = {"eqx_filter_custom_vjp_pytree", "eqx_filter_custom_vjp_closure
 
 
 # Forward-over-reverse Hessians not yet available, with the one-line refusal they
-# give: the gradient runs bwd rules that contain further equinox rules, whose bwd
-# returns a constant, non-zero cotangent for an argument (an affine map), or whose
-# fwd equinox refuses to trace with perturbed arguments.
+# give: the gradient runs BacksolveAdjoint's bwd, whose adjoint solve holds
+# equinox rules whose fwd refuses to trace with every argument JAX could perturb
+# (equinox asserts its non-vjp_arg arrays are unperturbed; nested rules are
+# traced for that one pattern only).  (The checkpointed while loop's bwd, whose
+# cotangent for a closed-over value it does not read is a zero accumulator, is
+# linear: tests/test_forward_mode_h.py.)
 HESSIAN_REFUSED = {
-    "dfx_tsit5_checkpoint_saveat": "output 6 does not depend on the linear input",
-    "dfx_mlp_vector_field": "output 6 does not depend on the linear input",
     "dfx_euler_backsolve_args": "raised when it was traced with the arguments JAX could perturb",
 }
 

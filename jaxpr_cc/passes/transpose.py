@@ -20,7 +20,10 @@ other than through its carries, or an output does not depend on them but is not
 zero (an affine map) -- :class:`NotTransposableError`
 names the first offending equation and the user source line it came from.
 That check runs first, on the jaxpr's structure (JAX's transposition would
-silently drop the constant part of an affine map), and is conservative: a map
+silently drop the constant part of an affine map).  It tracks known zeros: a
+value computed from zeros by an operation linear in them (no constant added or
+placed beside them) is zero, so an accumulator that starts at zero and to which
+a loop only adds zeros is a zero output, not an affine one.  It is conservative: a map
 that is linear only because a constant part cancels or never reaches the
 result (an ODE adjoint packing state and cotangent into one array) is reported
 as affine.
@@ -311,10 +314,9 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
         zflags = [is_zero(a) for a in eqn.invars]
         name = eqn.primitive.name
         if not any(flags):
-            if name in _ZERO_PRESERVING and zflags[0]:
-                zero_vars.update(eqn.outvars)
-            elif name == "mul" and any(zflags):
-                zero_vars.update(eqn.outvars)
+            if any(zflags):
+                zero_vars.update(v for v, z in zip(eqn.outvars, _zero_results(eqn, zflags, used))
+                                 if z)
             continue
         joint = _JOINT_OPERANDS.get(name)
         if joint is not None:
@@ -344,6 +346,39 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
                 producer = next((e for e in jaxpr.eqns if atom in e.outvars), None)
                 return Problem(producer, f"output {i} {_AFFINE}"), None, None
     return None, out_linear, out_zero
+
+
+def _zero_results(eqn, zflags: list[bool], used) -> list[bool]:
+    """Which results of ``eqn`` are known zeros, given which operands are (none
+    carries the linear input).  A result is zero when it is a linear function of
+    the zero operands alone: the linearity analysis, run with the zero operands as
+    the linear ones, finds no problem (no nonlinear use, no constant added or
+    merged in) -- a linear map of zero is zero.  (An accumulator that starts at
+    zero and to which a loop only ever adds zeros: equinox's checkpointed bwd
+    accumulates the cotangent of a closed-over value its step does not use.)"""
+    name = eqn.primitive.name
+    n_out = len(eqn.outvars)
+    if name in _ZERO_PRESERVING:
+        return [zflags[0]] * n_out
+    if jx.is_bilinear(eqn.primitive) and any(zflags):
+        return [True] * n_out  # mul, dot_general: zero times anything
+    # Only float operands can carry a linear value (a False predicate is no zero).
+    zflags = [z and jnp.issubdtype(a.aval.dtype, jnp.inexact) for a, z in zip(eqn.invars, zflags)]
+    if not any(zflags):
+        return [False] * n_out
+    joint = _JOINT_OPERANDS.get(name)
+    if joint is not None and any(not zflags[pos] for pos in range(len(eqn.invars))[joint]):
+        return [False] * n_out  # a non-zero operand is added or placed in
+    saved_lenient, saved_merged = _LENIENT[0], _MERGED[0]
+    _LENIENT[0] = 0  # strict: a fixed point being found must not assume a zero
+    try:
+        problem, outs, out_zero = _eqn_linearity(eqn, zflags, zflags, used)
+        merged = _MERGED[0] != saved_merged  # a constant placed beside the zeros
+    finally:
+        _LENIENT[0], _MERGED[0] = saved_lenient, saved_merged
+    if problem is not None or merged:
+        return [False] * n_out
+    return [bool(a or b) for a, b in zip(outs, out_zero)]
 
 
 def _sub_jaxpr(eqn):
@@ -836,7 +871,10 @@ def _bind_linear_while(eqn, invals, flags, used):
 
     def stop_test(cv, n_vals, l_vals):
         carries = merge(carry_lin, l_vals, n_vals)
-        return jx.eval_jaxpr(cond.jaxpr, cond.consts, *cv, *carries)[0]
+        pred = jx.eval_jaxpr(cond.jaxpr, cond.consts, *cv, *carries)[0]
+        # A batched loop (vmap) may test each lane (bool[k]): it runs while any
+        # lane goes on, its body selecting per lane, as the while primitive does.
+        return jnp.any(pred) if jnp.ndim(pred) else pred
 
     def transpose(r, cts):
         cv, nl_consts, n_init = split_res(r)

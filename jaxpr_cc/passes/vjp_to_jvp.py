@@ -11,7 +11,11 @@ transpose with respect to the cotangent, ``(c, r, t_x) -> t_y``, computed from
 bwd's jaxpr (``jaxpr_cc.passes.transpose``).  Forward mode (``jax.jvp``, ``jax.jacfwd``)
 then runs ``T``; reverse mode transposes the ``linear_call`` and so runs the
 user's own ``bwd`` -- ``jax.grad`` is unchanged.  Second derivatives
-(``jax.hessian``) differentiate ``T`` or ``bwd`` with respect to the residuals.
+(``jax.hessian``) differentiate ``T`` or ``bwd`` with respect to the residuals;
+reverse over forward (``jax.grad(jax.jacfwd(f))``) reverses that derivative of
+``T``, which JAX cannot do when ``T`` holds a while_loop (a transposed adjoint
+iteration): the derivative is then bound as a ``linear_call`` transposed by
+``transpose_linear`` (registered with ``jax_adapter`` below).
 The ``linear_call`` rules this needs (batching, perturbed residuals, partially
 known linear operands) are registered from ``jax_adapter`` when this module is
 imported.
@@ -70,6 +74,11 @@ from .transpose import NotTransposableError, transpose_linear
 from .base import Pass, PassContext, register_pass
 
 jx.register_linear_call_batching()
+# Reverse mode along a linear_call's perturbed residuals (jax.grad(jax.jacfwd(f))
+# through a bwd that iterates an adjoint solve) transposes the callee's jvp here.
+jx.set_linear_jaxpr_transposer(
+    lambda closed, linear: transpose_linear(closed, linear, what="the derivative of a "
+                                            "forward-mode tangent map along its residuals"))
 
 _INFO_FIELDS = ("name", "source", "const_names", "closed_over", "max_forward_size", "reverse_ok")
 
