@@ -1,0 +1,79 @@
+"""Issue 18's last open items: jax.vmap of a shard_map whose custom_vjp closes over
+constants (the rule JAX stages again is traced in the body's axis context); an
+executable compiled with device= keeps its device through save/load (a one-line
+LoadError where that device does not exist); an executable's argument check is
+jax.jit's compiled call's (shapes and dtypes, not weak types).  The multi-device
+cases run in fresh processes (tests/sharded_issue18h_cases.py).  References:
+jax.jit and jax.jit(...).lower(...).compile()."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpr_cc
+from eight_devices import run_case_script
+from sharded_issue18h_cases import CASE_NAMES
+
+
+# ---------------------------------------------------------------- 8 devices
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("issue18h")
+    return out_dir, run_case_script("sharded_issue18h_cases.py", str(out_dir))
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_sharded_case(saved, case):
+    _, (res, found) = saved
+    assert case in found, res.stderr[-4000:]
+    assert found[case]["problems"] == [], "\n".join(found[case]["problems"])
+
+
+def test_device_executable_loaded_where_its_device_is_missing_is_one_line(saved):
+    out_dir, (res, found) = saved
+    assert "device_executable_kept_through_save_and_load" in found, res.stderr[-4000:]
+    res1, found1 = run_case_script("sharded_issue18h_cases.py", str(out_dir), "--one-device",
+                                   devices=1)
+    error = found1.get("load_on_missing_device", {}).get("error")
+    assert error is not None, res1.stderr[-4000:]
+    assert len(error.splitlines()) == 1, error
+    assert "compiled for cpu device 3" in error and "its cpu devices are ids 0;" in error
+
+
+# ------------------------------------- weak types: jax.jit's compiled call's rule
+def _double(x):
+    return x * 2
+
+
+CALLED_WITH = {
+    "python float": 2.5, "python int": 2, "numpy float32": np.float32(2.5),
+    "numpy float64": np.float64(2.5), "numpy float16": np.float16(2.5),
+    "jnp float32": jnp.float32(2.5), "numpy 0-d float32 array": np.array(2.5, np.float32),
+    "weak jnp scalar": jnp.asarray(2.5), "jnp float32[3]": jnp.ones(3),
+    "jnp int32": jnp.int32(2), "bfloat16": jnp.bfloat16(2.5), "python bool": True,
+    "python complex": 1j,
+}
+
+
+@pytest.mark.parametrize("traced_with", [2.0, jnp.float32(2.0)], ids=["weak", "strong"])
+@pytest.mark.parametrize("called", list(CALLED_WITH))
+@pytest.mark.parametrize("how", ["executable", "saved"])
+def test_executable_takes_what_jax_compiled_takes(tmp_path, traced_with, called, how):
+    x = CALLED_WITH[called]
+    want_exe = jax.jit(_double).lower(traced_with).compile()
+    exe = jaxpr_cc.jit(_double).executable(traced_with)
+    if how == "saved":
+        from jaxpr_cc.backends.xla import load_executable
+        exe.save(str(tmp_path / "double.jxe"))
+        exe = load_executable(str(tmp_path / "double.jxe"))
+    try:
+        want = want_exe(x)
+    except TypeError:
+        with pytest.raises(TypeError, match=r"_double: args\[0\] is .*, but the executable "
+                                            r"was compiled for") as info:
+            exe(x)
+        assert len(str(info.value).splitlines()) == 1
+        return
+    got = exe(x)
+    assert jax.typeof(got) == jax.typeof(want)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
