@@ -8,6 +8,8 @@ re-exports or tiny wrappers, each with the reason it is needed.
 """
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any, Sequence
 
 import jax
@@ -859,16 +861,27 @@ class PerturbationOracle:
 
     def __init__(self):
         self._memo: dict[int, bool] = {}
-        self._keep: list = []
+        # The memo is keyed by id: an entry lives as long as its tracer (a weak
+        # reference drops it), so an id reused later is not mistaken for it, and no
+        # tracer is kept alive past its trace (jax.check_tracer_leaks reports any).
+        self._refs: dict[int, Any] = {}
+        self._keep: list = []  # tracers that take no weak reference
 
     def __call__(self, x) -> bool:
         if not isinstance(x, _core.Tracer):
             return False  # a concrete value: a constant of every trace
         key = id(x)
         if key not in self._memo:
-            self._keep.append(x)
+            try:
+                self._refs[key] = weakref.ref(x, functools.partial(self._forget, key))
+            except TypeError:
+                self._keep.append(x)
             self._memo[key] = self._walk(x)
         return self._memo[key]
+
+    def _forget(self, key: int, _ref) -> None:
+        self._memo.pop(key, None)
+        self._refs.pop(key, None)
 
     def _walk(self, root) -> bool:
         stack, seen = [root], set()
