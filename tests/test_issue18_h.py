@@ -77,3 +77,28 @@ def test_executable_takes_what_jax_compiled_takes(tmp_path, traced_with, called,
     got = exe(x)
     assert jax.typeof(got) == jax.typeof(want)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+# ------------------------------------- JAX's api_test failures that were jaxpr-cc bugs
+def test_closed_over_token_is_returned_like_jax_jit():
+    # (api_test test_jit_capturing_token) hoist-consts made the token a parameter.
+    tok = jax.lax.create_token()
+    f = lambda x: (x + 2, tok)  # noqa: E731
+    want = jax.jit(f)(7)
+    for got in (jaxpr_cc.jit(f)(7), jaxpr_cc.jit(f).executable(7)(7)):
+        assert type(got[1]) is type(want[1])
+        assert jax.typeof(got[0]) == jax.typeof(want[0]) and int(got[0]) == int(want[0])
+
+
+def test_no_tracer_leaks_under_jax_check_tracer_leaks():
+    # (api_test test_leak_checker_internal_error) the trace session kept tracers of
+    # a finished checkpoint trace alive.
+    def apply_fn(inp):
+        fn = jax.checkpoint(lambda x: jax.nn.relu(1.0 * x))
+        return jax.vjp(fn, inp)
+
+    with jax.check_tracer_leaks():
+        want_y, want_vjp = jax.jit(apply_fn)(1.0)
+        got_y, got_vjp = jaxpr_cc.jit(apply_fn)(1.0)
+    assert float(got_y) == float(want_y)
+    assert float(got_vjp(1.0)[0]) == float(want_vjp(1.0)[0])
