@@ -1330,3 +1330,28 @@ def compiled_result_shardings(compiled) -> list:
     values of closed-over jax.Refs, which JAX returns after the results, left out."""
     return list(compiled._executable._out_shardings)[:compiled.out_tree.num_leaves]
 # ---------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------
+# Issue 18 (h18h): escaped tracers among a trace's constants (frontend/trace.py)
+# ---------------------------------------------------------------------------
+def check_no_escaped_tracers(consts: Sequence[Any]) -> None:
+    """Raise JAX's UnexpectedTracerError (its exact text) for a constant that is a
+    tracer of a trace that has ended -- a value a side effect leaked out of an inner
+    transformation -- as jax.jit does when it runs a jaxpr holding one, even where
+    the program never reads it."""
+    tracers = [c for c in consts if isinstance(c, _core.Tracer)]
+    if not tracers:
+        return
+    # The traces still running: the current one and those it nests in.  (JAX does
+    # not invalidate a finished jaxpr trace, so is_valid() cannot tell.)
+    live, trace, outermost = set(), _core.trace_ctx.trace, None
+    while trace is not None and id(trace) not in live:
+        live.add(id(trace))
+        outermost = trace
+        trace = getattr(trace, "parent_trace", None)
+    if not isinstance(outermost, _core.EvalTrace):
+        return  # a trace that does not name its parent (eager shard_map): cannot tell
+    for c in tracers:
+        if id(c._trace) not in live or not c._trace.is_valid():
+            raise _core.escaped_tracer_error(c)

@@ -102,3 +102,39 @@ def test_no_tracer_leaks_under_jax_check_tracer_leaks():
         got_y, got_vjp = jaxpr_cc.jit(apply_fn)(1.0)
     assert float(got_y) == float(want_y)
     assert float(got_vjp(1.0)[0]) == float(want_vjp(1.0)[0])
+
+
+def _leaks_through_remat():
+    seq = [jnp.zeros([])]
+
+    def g():
+        seq[0] += 1
+        return seq[0]
+    jax.checkpoint(g)()
+    jax.checkpoint(lambda: g())()
+
+
+def test_escaped_tracer_is_jax_jits_error():
+    # (api_test test_escaped_tracer_remat) the leaked tracer became an unused
+    # constant that dce dropped: jax.jit raises for it.
+    with pytest.raises(jax.errors.UnexpectedTracerError, match="global state") as want:
+        jax.jit(_leaks_through_remat)()
+    with pytest.raises(jax.errors.UnexpectedTracerError, match="global state") as got:
+        jaxpr_cc.jit(_leaks_through_remat)()
+    assert str(got.value).splitlines()[0] == str(want.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("outer", ["grad", "vmap", "jit"])
+def test_closing_over_live_outer_tracers_still_works(outer):
+    def inner_user(x):
+        y = jnp.sin(x) * 2
+        return jaxpr_cc.jit(lambda v: v * y)(x).sum() if outer != "vmap" else \
+            jaxpr_cc.jit(lambda v: v * y)(x)
+
+    def reference(x):
+        y = jnp.sin(x) * 2
+        return (x * y).sum() if outer != "vmap" else x * y
+    x = jnp.arange(3.) + 0.5
+    transform = {"grad": jax.grad, "vmap": jax.vmap, "jit": jax.jit}[outer]
+    np.testing.assert_allclose(np.asarray(transform(inner_user)(x)),
+                               np.asarray(transform(reference)(x)), rtol=1e-6)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import jax
 from jax import tree_util
 
+from .. import jax_adapter as jx
 from ..ir.program import Program
 
 
@@ -52,6 +53,7 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
     with session(**options):
         closed, out_shape = jax.make_jaxpr(traced_fun, return_shape=True)(
             *example_args, **example_kwargs)
+    jx.check_no_escaped_tracers(closed.consts)
     in_tree = tree_util.tree_structure((tuple(example_args), dict(example_kwargs)))
     out_tree = tree_util.tree_structure(out_shape)
     names = argument_names(fun, example_args, example_kwargs)
