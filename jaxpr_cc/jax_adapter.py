@@ -1355,3 +1355,19 @@ def check_no_escaped_tracers(consts: Sequence[Any]) -> None:
     for c in tracers:
         if id(c._trace) not in live or not c._trace.is_valid():
             raise _core.escaped_tracer_error(c)
+
+
+# jaxpr_cc traces the user's function through a fresh wrapper each time, which JAX
+# sees as a "never seen function" cache miss: explaining it would add a second,
+# misleading explanation to the one jax.explain_cache_misses gives for the user's
+# own call.  The trace runs with explanations off around the wrapper and as the
+# user had them inside it (the user's own nested jax.jit calls).
+def explaining_cache_misses() -> bool:
+    from jax._src import config as _config
+    return bool(_config.explain_cache_misses.value)
+
+
+def cache_miss_explanations(on: bool):
+    """A context in which JAX explains its tracing cache misses iff ``on``."""
+    from jax._src import config as _config
+    return _config.explain_cache_misses(on)

@@ -138,3 +138,23 @@ def test_closing_over_live_outer_tracers_still_works(outer):
     transform = {"grad": jax.grad, "vmap": jax.vmap, "jit": jax.jit}[outer]
     np.testing.assert_allclose(np.asarray(transform(inner_user)(x)),
                                np.asarray(transform(reference)(x)), rtol=1e-6)
+
+
+def _cache_miss_logs(jit, caplog):
+    def f(x, y):
+        return x
+    jf = jit(f)
+    jf(np.float32(0), np.float32(1))
+    caplog.clear()
+    with jax.explain_cache_misses(True), caplog.at_level("WARNING"):
+        jf(np.float32(0), np.int32(1))
+    return [r.getMessage() for r in caplog.records if "TRACING CACHE MISS" in r.getMessage()]
+
+
+def test_cache_miss_explained_once_like_jax_jit(caplog):
+    # (api_test test_cache_miss_explanations_*) jaxpr_cc's own trace of a fresh
+    # wrapper was explained too ("never seen function").
+    want = _cache_miss_logs(jax.jit, caplog)
+    got = _cache_miss_logs(jaxpr_cc.jit, caplog)
+    assert len(got) == len(want) == 1, got
+    assert "at y, now i32[] and before f32[]" in got[0]
