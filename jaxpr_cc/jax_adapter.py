@@ -8,6 +8,8 @@ re-exports or tiny wrappers, each with the reason it is needed.
 """
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any, Sequence
 
 import jax
@@ -955,16 +957,27 @@ class PerturbationOracle:
 
     def __init__(self):
         self._memo: dict[int, bool] = {}
-        self._keep: list = []
+        # The memo is keyed by id: an entry lives as long as its tracer (a weak
+        # reference drops it), so an id reused later is not mistaken for it, and no
+        # tracer is kept alive past its trace (jax.check_tracer_leaks reports any).
+        self._refs: dict[int, Any] = {}
+        self._keep: list = []  # tracers that take no weak reference
 
     def __call__(self, x) -> bool:
         if not isinstance(x, _core.Tracer):
             return False  # a concrete value: a constant of every trace
         key = id(x)
         if key not in self._memo:
-            self._keep.append(x)
+            try:
+                self._refs[key] = weakref.ref(x, functools.partial(self._forget, key))
+            except TypeError:
+                self._keep.append(x)
             self._memo[key] = self._walk(x)
         return self._memo[key]
+
+    def _forget(self, key: int, _ref) -> None:
+        self._memo.pop(key, None)
+        self._refs.pop(key, None)
 
     def _walk(self, root) -> bool:
         stack, seen = [root], set()
@@ -1422,3 +1435,44 @@ def sharding_request_primitives() -> frozenset[str]:
     for; every other equation asks for none (lets a walk skip the call)."""
     return frozenset(_SHARDING_REQUESTS)
 # ---------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------
+# Issue 18 (h18h): escaped tracers among a trace's constants (frontend/trace.py)
+# ---------------------------------------------------------------------------
+def check_no_escaped_tracers(consts: Sequence[Any]) -> None:
+    """Raise JAX's UnexpectedTracerError (its exact text) for a constant that is a
+    tracer of a trace that has ended -- a value a side effect leaked out of an inner
+    transformation -- as jax.jit does when it runs a jaxpr holding one, even where
+    the program never reads it."""
+    tracers = [c for c in consts if isinstance(c, _core.Tracer)]
+    if not tracers:
+        return
+    # The traces still running: the current one and those it nests in.  (JAX does
+    # not invalidate a finished jaxpr trace, so is_valid() cannot tell.)
+    live, trace, outermost = set(), _core.trace_ctx.trace, None
+    while trace is not None and id(trace) not in live:
+        live.add(id(trace))
+        outermost = trace
+        trace = getattr(trace, "parent_trace", None)
+    if not isinstance(outermost, _core.EvalTrace):
+        return  # a trace that does not name its parent (eager shard_map): cannot tell
+    for c in tracers:
+        if id(c._trace) not in live or not c._trace.is_valid():
+            raise _core.escaped_tracer_error(c)
+
+
+# jaxpr_cc traces the user's function through a fresh wrapper each time, which JAX
+# sees as a "never seen function" cache miss: explaining it would add a second,
+# misleading explanation to the one jax.explain_cache_misses gives for the user's
+# own call.  The trace runs with explanations off around the wrapper and as the
+# user had them inside it (the user's own nested jax.jit calls).
+def explaining_cache_misses() -> bool:
+    from jax._src import config as _config
+    return bool(_config.explain_cache_misses.value)
+
+
+def cache_miss_explanations(on: bool):
+    """A context in which JAX explains its tracing cache misses iff ``on``."""
+    from jax._src import config as _config
+    return _config.explain_cache_misses(on)

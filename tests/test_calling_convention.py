@@ -189,7 +189,14 @@ def _jax_jit_reuses_trace(fun, traced_with, called_with) -> bool:
 def test_weak_type_rule_is_jax_jit_cache_rule(saved_dir, label, traced_with, called_with, mode):
     program = jaxpr_cc.trace(double, traced_with)
     call = _call_mode(program, saved_dir, mode)
-    if _jax_jit_reuses_trace(double, traced_with, called_with):
+    if mode == "compiled":
+        # A compiled executable follows jax.jit's compiled call instead: shapes and
+        # dtypes must match, the weak type was fixed when compiling.
+        want = jax.jit(double).lower(traced_with).compile()
+        out, ref = call(called_with), want(called_with)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+        assert jax.typeof(out) == jax.typeof(ref)
+    elif _jax_jit_reuses_trace(double, traced_with, called_with):
         out = call(called_with)
         ref = jax.jit(double)(called_with)
         np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
@@ -221,13 +228,18 @@ def test_grad_keeps_the_weak_type_of_a_python_float():
         jax.grad(program)(jnp.float32(1.5))
 
 
-def test_compiled_executable_checks_weak_types_xla_does_not():
+def test_compiled_executable_checks_shapes_and_dtypes_not_weak_types():
+    # As jax.jit(f).lower(2.0).compile(): the weak type was fixed when compiling.
     program = jaxpr_cc.trace(double, 2.0)
     exe = jaxpr_cc.compile(program)
-    assert float(exe(4.0)) == 8.0
-    with pytest.raises(TypeError, match=r"double: args\[0\] is float32\[\], but the executable "
+    want = jax.jit(double).lower(2.0).compile()
+    for x in (4.0, jnp.float32(4.0), np.float32(4.0)):
+        got = exe(x)
+        assert float(got) == float(want(x)) == 8.0
+        assert jax.typeof(got) == jax.typeof(want(x))
+    with pytest.raises(TypeError, match=r"double: args\[0\] is int32\[\], but the executable "
                                         r"was compiled for weakly typed float32\[\]"):
-        exe(jnp.float32(4.0))
+        exe(jnp.int32(4))
 
 
 # --------------------------------------------------------- paths, structure

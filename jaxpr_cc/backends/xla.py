@@ -212,7 +212,8 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
                      donated=tuple(sorted(donated)), exporter=export, program=program,
                      lower_on=(_lowerer_for_arguments(program, tree_fun, jit_kwargs, avals,
                                                       param_in, compiler_options, keep_unused)
-                               if follow else None))
+                               if follow else None),
+                     device=on_device)
     exe._lowered_at = [getattr(spec, "sharding", None) for spec in specs]
     return exe
 
@@ -418,8 +419,12 @@ class Executable:
     def __init__(self, *, name: str, compiled, lowered, in_tree, out_tree, params: Sequence[Any],
                  input_avals: Sequence[Any], n_params: int, donated: tuple,
                  exporter: Callable, program: Program | None = None, placed: bool = False,
-                 lower_on: Callable | None = None):
+                 lower_on: Callable | None = None, device: Any = None):
         self.name = name
+        # jax.jit's deprecated device=/backend=: the SingleDeviceSharding everything
+        # runs on (arguments committed elsewhere are moved there, as jax.jit's
+        # compiled call does); saved with the executable.  None otherwise.
+        self.device = device
         # Compiled without asked-for layouts: ``lower_on(arg_shardings)`` compiles it
         # for arguments committed elsewhere; those executables by argument shardings.
         self._lower_on = lower_on
@@ -457,6 +462,8 @@ class Executable:
         except ValueError as refused:
             # XLA refuses arguments laid out otherwise than it compiled for before
             # running anything: follow them when no placement was asked for.
+            if self.device is not None:
+                return self._fast(*jax.device_put(leaves, self.device))
             moved = self._moved_for(leaves, refused)
             if moved is None:
                 raise
@@ -674,8 +681,43 @@ def save_executable(exe: Executable, path: str) -> None:
         "out_weak_types": jx.lowered_out_weak_types(exe._lowered),
         "donated": list(exe._donated),
         "layout": layout,
+        "device": _encode_device(exe.device),
     }
     xla_archive.write_archive(path, manifest, members)
+
+
+def _encode_device(device_sharding) -> dict | None:
+    """The device a device=/backend= executable runs on, by platform and id (None:
+    the executable was not compiled for one device)."""
+    if device_sharding is None:
+        return None
+    (device,) = device_sharding.device_set
+    return {"platform": str(device.platform), "id": int(device.id)}
+
+
+def _decode_device(code: Any, path: str):
+    """Inverse of :func:`_encode_device` on this process's devices; LoadError when the
+    device is malformed or this process has no such device."""
+    if code is None:
+        return None
+    try:
+        platform, dev_id = str(code["platform"]), code["id"]
+    except (KeyError, TypeError):
+        raise LoadError(path, "malformed device in the manifest") from None
+    if type(dev_id) is not int:
+        raise LoadError(path, "malformed device in the manifest")
+    try:
+        local = jax.local_devices(backend=platform)
+    except RuntimeError:
+        local = []
+    for device in local:
+        if device.id == dev_id:
+            return jax.sharding.SingleDeviceSharding(device)
+    have = (f"its {platform} devices are ids {', '.join(str(d.id) for d in local)}" if local
+            else f"it has no {platform} devices")
+    raise LoadError(path, f"the executable was compiled for {platform} device {dev_id} "
+                          f"(jit's device=/backend=), but this process cannot use it: {have}; "
+                          f"load it where that device exists or compile it again without device=")
 
 
 def _device_count(shardings) -> int:
@@ -797,7 +839,13 @@ def load_executable(path: str) -> Executable:
 
     jit_kwargs: dict[str, Any] = {}
     layout = manifest.get("layout")
-    if layout is not None:
+    device = _decode_device(manifest.get("device"), path)  # older files: none
+    if device is not None:
+        if layout is not None or exported.nr_devices != 1:
+            raise bad("manifest names both one device and a multi-device layout")
+        jit_kwargs["in_shardings"] = (device,) * len(in_avals)
+        jit_kwargs["out_shardings"] = device
+    elif layout is not None:
         if not isinstance(layout, dict) or layout.get("n_inputs") != len(in_avals):
             raise bad("malformed device layout in the manifest")
         shardings = xla_archive.decode_shardings(layout, path)
@@ -843,4 +891,5 @@ def load_executable(path: str) -> Executable:
                       out_tree=out_tree, params=params, input_avals=in_avals, n_params=n_params,
                       donated=tuple(donated), exporter=lambda in_s, out_s: exported,
                       lower_on=(_lowerer_on_one_device(tree_fun, jit_kwargs, _specs(in_avals))
-                                if layout is None else None))
+                                if layout is None and device is None else None),
+                      device=device)

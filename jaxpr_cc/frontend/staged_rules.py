@@ -10,6 +10,7 @@ trace is live).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -52,13 +53,14 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
         # re-binding) would go on forever: after a few rounds what is left keeps JAX's
         # form, as the program's own rules would under JAX.
         for _ in range(_MAX_ROUNDS):
-            pending = [(region, eqn) for region in program.body.regions()
+            pending = [(region, eqn, enclosing)
+                       for region, enclosing in _regions_with_enclosing(program.body)
                        for eqn in region.equations
                        if eqn.prim.name in FIRST_ORDER_KEYS
                        and not is_first_order_custom(eqn.prim.name, eqn.params)]
             if not pending:
                 break
-            for region, eqn in pending:
+            for region, eqn, enclosing in pending:
                 if done.get(id(eqn)) is eqn:
                     raise ClosureConversionError(
                         f"{eqn.prim.name}: converting its rule left it in JAX's form")
@@ -68,8 +70,15 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
                 if known is not None:
                     _call_converted(region, eqn, *known)
                 else:
-                    made = _CONVERTERS[eqn.prim.name](region, eqn, closed_over,
-                                                      max_forward_size)
+                    # JAX traces a rule staged inside a shard_map body (a vmapped
+                    # custom_vjp's fwd thunk and bwd) in the body's axis context:
+                    # outside it, the rule's pvary of closed-over constants names
+                    # an unbound axis.
+                    with contextlib.ExitStack() as stack:
+                        for prim_name, params in enclosing:
+                            stack.enter_context(jx.region_trace_context(prim_name, params))
+                        made = _CONVERTERS[eqn.prim.name](region, eqn, closed_over,
+                                                          max_forward_size)
                     if key is not None and made is not None:
                         converted[key] = made
                 count += 1
@@ -79,6 +88,24 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
 
 
 _MAX_ROUNDS = 5
+
+
+def _regions_with_enclosing(body: Region):
+    """Every region reachable from ``body``, each once (pre-order, as
+    ``Region.regions``), with the (primitive name, params) of the equations whose
+    regions enclose it on the first path found, outermost first."""
+    seen = {id(body)}
+    stack = [(body, ())]
+    while stack:
+        region, enclosing = stack.pop()
+        yield region, enclosing
+        found = []
+        for eqn in region.equations:
+            for _, _, sub in eqn.regions():
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    found.append((sub, (*enclosing, (eqn.prim.name, eqn.params))))
+        stack.extend(reversed(found))
 # The staged rule callable of each JAX-form custom equation.
 _RULE_CALLABLE = {"custom_jvp_call": "jvp_jaxpr_fun", "custom_vjp_call": "bwd"}
 

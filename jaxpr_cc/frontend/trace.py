@@ -8,6 +8,7 @@ from typing import Any, Callable
 import jax
 from jax import tree_util
 
+from .. import jax_adapter as jx
 from ..ir.program import Program
 
 
@@ -38,8 +39,13 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
     # A fresh function per trace (JAX caches traces by function, and this trace runs
     # in a closure session), carrying ``fun``'s name, signature and source location
     # (``__wrapped__``) so that JAX's errors name the user's function and arguments.
+    explain = jx.explaining_cache_misses()
+
     def traced_fun(*args, **kwargs):
-        return fun(*args, **kwargs)
+        if not explain:
+            return fun(*args, **kwargs)
+        with jx.cache_miss_explanations(True):  # see jax_adapter: the user's own jits
+            return fun(*args, **kwargs)
     inner = innermost_function(fun)
     functools.update_wrapper(traced_fun, inner, updated=())
     traced_fun.__wrapped__ = inner  # JAX's source location of the user's code
@@ -49,9 +55,10 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
         pass
 
     options = dict(closed_over=closed_over, max_forward_size=max_forward_size)
-    with session(**options):
+    with session(**options), jx.cache_miss_explanations(False):
         closed, out_shape = jax.make_jaxpr(traced_fun, return_shape=True)(
             *example_args, **example_kwargs)
+    jx.check_no_escaped_tracers(closed.consts)
     in_tree = tree_util.tree_structure((tuple(example_args), dict(example_kwargs)))
     out_tree = tree_util.tree_structure(out_shape)
     names = argument_names(fun, example_args, example_kwargs)

@@ -77,9 +77,9 @@ def _type_of(x: Any, accept_specs: bool = False):
         return None
 
 
-def _same_type(got, want) -> bool:
+def _same_type(got, want, weak_matters: bool = True) -> bool:
     return (got.shape == want.shape and got.dtype == want.dtype
-            and got.weak_type == want.weak_type)
+            and (got.weak_type == want.weak_type or not weak_matters))
 
 
 def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[Any],
@@ -91,15 +91,19 @@ def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[An
     argument in the message); ``expected`` the traced avals, one per leaf.
     ``accept_specs``: ``jax.ShapeDtypeStruct`` leaves stand for their type (example
     arguments); in a call they are refused, as ``jax.jit`` refuses them.
+    An executable, like jax.jit's compiled one, checks shapes and dtypes only: the
+    weak type was decided when it was compiled (a strongly typed float32 array runs
+    one compiled for a Python float, and the other way round).
     """
     carries_aval = _CARRIES_AVAL
+    weak_matters = what != "executable"
     try:
         for x, want in zip(leaves, expected):  # the common case, kept cheap
             if type(x) not in carries_aval:
                 break
             got = x.aval
             if (got.shape != want.shape or got.dtype != want.dtype
-                    or got.weak_type != want.weak_type):
+                    or (got.weak_type != want.weak_type and weak_matters)):
                 break
         else:
             return
@@ -109,7 +113,7 @@ def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[An
         if not hasattr(want, "shape"):  # tokens and other unshaped inputs
             continue
         got = _type_of(x, accept_specs)
-        if got is None or not hasattr(got, "shape") or not _same_type(got, want):
+        if got is None or not hasattr(got, "shape") or not _same_type(got, want, weak_matters):
             raise TypeError(_mismatch_message(name, what, i, x, got, want, args_and_kwargs))
 
 

@@ -163,8 +163,10 @@ class _Hoister:
         return found
 
     def _big_enough(self, value) -> bool:
-        # A mutable Ref stays where the program reads and writes it.
-        return not is_mutable_ref(value) and nbytes(value) >= self.options.min_bytes
+        # A mutable Ref stays where the program reads and writes it; a token (no
+        # dtype: no bytes to share, and not a value a parameter can hold) stays too.
+        return (not is_mutable_ref(value) and hasattr(value, "dtype")
+                and nbytes(value) >= self.options.min_bytes)
 
     def _constants(self, region: Region, supply: Supply) -> None:
         if region.consts is None or not region.constvars:

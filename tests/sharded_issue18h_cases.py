@@ -1,0 +1,144 @@
+"""Multi-device cases of issue 18's last open items, for tests/test_issue18_h.py (run
+in a fresh process: the host device count must be set before JAX is imported).
+
+``python sharded_issue18h_cases.py OUT_DIR`` (8 devices) prints one JSON line per
+case: ``{"case": name, "problems": [...]}``.  ``python sharded_issue18h_cases.py
+OUT_DIR --one-device`` loads the device=-pinned executable the 8-device run saved
+in a process with one device and prints ``{"case": "load_on_missing_device",
+"error": ...}``.  References: ``jax.jit`` (values, output shardings).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from sharded_compile_cases import run_cases
+
+
+def cases(out_dir: Path):
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, PartitionSpec as P
+
+    import jaxpr_cc
+    from jaxpr_cc.backends.xla import load_executable
+
+    def vmap_of_shard_map_custom_vjp_with_constants():
+        # A custom_vjp whose fwd and bwd close over a constant array, called in a
+        # shard_map body: jax.vmap of it makes JAX stage the rule again (a batched
+        # fwd thunk and bwd), which must be traced in the body's axis context.
+        mesh = jax.make_mesh((8,), ("i",), axis_types=(AxisType.Auto,))
+        scale = jnp.array([1.5, -0.25])
+
+        @jax.custom_vjp
+        def g(x, w):
+            return jnp.sin(x) * w * scale[0]
+
+        def g_fwd(x, w):
+            return g(x, w), (jnp.cos(x), jnp.sin(x), w)
+
+        def g_bwd(res, ct):
+            cos, sin, w = res
+            return ct * cos * w * scale[0] + scale[1], ct * sin * scale[0]
+        g.defvjp(g_fwd, g_bwd)
+
+        def f(x, w):
+            return jax.shard_map(g, mesh=mesh, in_specs=(P("i"), P("i")),
+                                 out_specs=P("i"))(x, w).sum()
+
+        w = jnp.arange(8.) + 1.0
+        x = jnp.linspace(0., 1., 8)
+        xs = jnp.stack([x, 2 * x, -x])
+
+        def summed(fn):
+            return lambda a, b: jax.vmap(fn, in_axes=(0, None))(a, b).sum()
+        compositions = {
+            "grad(jit)": lambda J: jax.grad(J(f), argnums=(0, 1))(x, w),
+            "vmap(grad(jit))": lambda J: jax.vmap(jax.grad(J(f)), in_axes=(0, None))(xs, w),
+            "jit(vmap(f))": lambda J: J(jax.vmap(f, in_axes=(0, None)))(xs, w),
+            "jit(vmap(grad))": lambda J: J(jax.vmap(jax.grad(f), in_axes=(0, None)))(xs, w),
+            "jit(grad(vmap))": lambda J: J(jax.grad(summed(f), argnums=(0, 1)))(xs, w),
+            "grad(jit(vmap))": lambda J: jax.grad(
+                lambda a, b: J(jax.vmap(f, in_axes=(0, None)))(a, b).sum(),
+                argnums=(0, 1))(xs, w),
+            "grad(vmap(jit))": lambda J: jax.grad(summed(J(f)), argnums=(0, 1))(xs, w),
+        }
+        problems = []
+        for name, run in compositions.items():
+            want = run(jax.jit)
+            try:
+                got = run(jaxpr_cc.jit)
+            except Exception as e:  # noqa: BLE001 -- reported as a problem
+                problems.append(f"{name}: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            for g_leaf, w_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                if not np.allclose(np.asarray(g_leaf), np.asarray(w_leaf), rtol=1e-5,
+                                   atol=1e-6):
+                    problems.append(f"{name}: differs from jax.jit's")
+        return problems
+
+    def device_executable_kept_through_save_and_load():
+        # jax.jit's device= puts inputs and outputs on that device, and its compiled
+        # call moves arguments committed to another device there.
+        problems = []
+        devices = jax.devices()
+        f = lambda v: v * 2 + 1  # noqa: E731
+        x = jnp.arange(4.)
+        elsewhere = jax.device_put(x, devices[5])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # device= is deprecated
+            for label, kw in (("device=3", {"device": devices[3]}),
+                              ("backend=cpu", {"backend": "cpu"})):
+                want_compiled = jax.jit(f, **kw).lower(x).compile()
+                exe = jaxpr_cc.jit(f, **kw).executable(x)
+                path = out_dir / f"{label}.jxe"
+                exe.save(str(path))
+                loaded = load_executable(str(path))
+                for how, run in (("executable", exe), ("loaded", loaded)):
+                    for arg_name, arg in (("uncommitted", x), ("on device 5", elsewhere)):
+                        got, want = run(arg), want_compiled(arg)
+                        where = f"{label} {how} {arg_name}"
+                        if got.sharding != want.sharding:
+                            problems.append(f"{where}: on {got.sharding}, jax.jit's compiled "
+                                            f"call gives {want.sharding}")
+                        if not np.array_equal(np.asarray(got), np.asarray(want)):
+                            problems.append(f"{where}: value differs from jax.jit's")
+        return problems
+
+    return {
+        "vmap_of_shard_map_custom_vjp_with_constants":
+            vmap_of_shard_map_custom_vjp_with_constants,
+        "device_executable_kept_through_save_and_load":
+            device_executable_kept_through_save_and_load,
+    }
+
+
+CASE_NAMES = ("vmap_of_shard_map_custom_vjp_with_constants",
+              "device_executable_kept_through_save_and_load")
+
+
+def load_on_one_device(out_dir: Path) -> int:
+    """Load the executable saved for device 3 where only device 0 exists."""
+    from jaxpr_cc import LoadError
+    from jaxpr_cc.backends.xla import load_executable
+    try:
+        load_executable(str(out_dir / "device=3.jxe"))
+        error = None
+    except LoadError as e:
+        error = str(e)
+    except Exception:  # noqa: BLE001 -- reported: the wrong kind of failure
+        error = "not a LoadError: " + traceback.format_exc()
+    print(json.dumps({"case": "load_on_missing_device", "error": error}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[2:] == ["--one-device"]:
+        sys.exit(load_on_one_device(Path(sys.argv[1])))
+    sys.exit(run_cases(cases(Path(sys.argv[1])), CASE_NAMES))
