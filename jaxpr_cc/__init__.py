@@ -75,12 +75,18 @@ def _forward_mode_region(region):
     return forward_mode_region(region)
 
 
+def _with_forward_mode(program):
+    from .passes.vjp_to_jvp import with_forward_mode
+    return with_forward_mode(program)
+
+
 def _provide_program_services() -> None:
     from .ir import program_services
     program_services.provide(region_from_closed_jaxpr=_region_from_closed_jaxpr,
                              region_to_closed_jaxpr=_region_to_closed_jaxpr,
                              forward_mode_jaxpr=_forward_mode_jaxpr,
                              forward_mode_region=_forward_mode_region,
+                             with_forward_mode=_with_forward_mode,
                              save_program=_save_program)
 
 

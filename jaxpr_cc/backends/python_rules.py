@@ -612,3 +612,21 @@ def _custom_linear_solve(ctx, eqn):
 @rule("linear_call")
 def _linear_call(ctx, eqn):
     return ctx.linear_call(eqn)
+
+
+@rule("jaxpr_cc_forward_mode_refused")
+def _forward_mode_refused(ctx, eqn):
+    # The tangent map of a reverse-only custom_vjp rule (passes/vjp_to_jvp.py): the
+    # module's own copy of the primitive (python_text's helper).
+    from .python_text import PythonEmitError, tuple_src
+    p = eqn.params
+    if any(p.get("out_varying") or ()):
+        raise PythonEmitError(f"{ctx._where()}: a reverse-only rule inside shard_map (outputs "
+                              f"varying over manual axes) has no source form; emit with "
+                              f"forward_mode=False")
+    ctx.emitter.use_helper("_forward_mode_refused")
+    shapes = tuple_src([repr(tuple(int(d) for d in s)) for s in p["out_shapes"]])
+    dtypes = tuple_src([ctx.dtype(d) for d in p["out_dtypes"]])
+    return Call("_forward_mode_refused", list(ctx.ins),
+                [("message", repr(p["message"])), ("out_shapes", shapes), ("out_dtypes", dtypes)],
+                multiple=True)

@@ -21,6 +21,16 @@ API:
   that file to its array (``numpy.savez`` them, or use ``write_python``).
 * ``write_python(program, path)`` writes ``path`` and, when needed, its sidecar
   ``path.with_suffix(".npz")`` atomically; returns the paths written.
+
+Forward mode: ``forward_mode=True`` emits the program after the rewrite a
+differentiated ``Program`` call evaluates (``passes/vjp_to_jvp.with_forward_mode``):
+each custom_vjp whose bwd is linear becomes a ``@jax.custom_jvp`` whose tangent is a
+``linear_call`` of the transposed bwd (reverse mode still runs the user's bwd), and a
+reverse-only rule refuses forward mode with the Program's one-line message.  It is
+off by default: such a module differentiates (``jax.grad`` too) only where jaxpr-cc's
+``linear_call`` rules (batching, transposition with known linear operands,
+perturbed residuals; ``jax_adapter``) are registered, i.e. in a process that has
+imported ``jaxpr_cc`` -- plain JAX 0.10.2 lacks them.
 """
 from __future__ import annotations
 
@@ -60,32 +70,46 @@ class PythonModule:
     arrays: dict
 
 
-def emit_python(program, *, sidecar_name: str | None = None, inline_limit: int = INLINE_LIMIT):
-    """Python source for ``program`` (see the module docstring for the two forms)."""
-    module = emit_python_module(program, sidecar_name=sidecar_name, inline_limit=inline_limit)
+def emit_python(program, *, sidecar_name: str | None = None, inline_limit: int = INLINE_LIMIT,
+                forward_mode: bool = False):
+    """Python source for ``program`` (see the module docstring for the two forms and
+    for ``forward_mode``)."""
+    module = emit_python_module(program, sidecar_name=sidecar_name, inline_limit=inline_limit,
+                                forward_mode=forward_mode)
     if sidecar_name is None:
         return module.source
     return module.source, dict(module.arrays)
 
 
 def emit_python_module(program, *, sidecar_name: str | None = None,
-                       inline_limit: int = INLINE_LIMIT) -> PythonModule:
+                       inline_limit: int = INLINE_LIMIT, forward_mode: bool = False) -> PythonModule:
     if sidecar_name is not None and (os.sep in sidecar_name or not sidecar_name.endswith(".npz")):
         raise ValueError(f"sidecar_name {sidecar_name!r}: expected a bare file name ending in .npz "
                          f"(it is resolved next to the emitted module)")
+    if not isinstance(forward_mode, bool):
+        raise TypeError(f"emit_python: forward_mode must be True or False, got "
+                        f"{type(forward_mode).__name__}")
+    if forward_mode:
+        # The module is differentiable like the Program: emit what a differentiated
+        # Program call evaluates (its custom_vjp rules with a forward mode).
+        from ..ir import program_services
+        program = program_services.with_forward_mode(program)
     emitter = _ModuleEmitter(program, sidecar_name, inline_limit)
     source = emitter.build()
     return PythonModule(source, sidecar_name if emitter.arrays else None, emitter.arrays)
 
 
-def write_python(program, path, *, inline_limit: int = INLINE_LIMIT) -> list[pathlib.Path]:
+def write_python(program, path, *, inline_limit: int = INLINE_LIMIT,
+                 forward_mode: bool = False) -> list[pathlib.Path]:
     """Write the module to ``path`` and its constants to ``path.with_suffix('.npz')``
-    (only when some constant is larger than ``inline_limit`` elements)."""
+    (only when some constant is larger than ``inline_limit`` elements).
+    ``forward_mode``: as for ``emit_python``."""
     path = pathlib.Path(path)
     if path.suffix != ".py":
         raise ValueError(f"{path}: the emitted module needs a .py file name")
     sidecar = path.with_suffix(".npz")
-    module = emit_python_module(program, sidecar_name=sidecar.name, inline_limit=inline_limit)
+    module = emit_python_module(program, sidecar_name=sidecar.name, inline_limit=inline_limit,
+                                forward_mode=forward_mode)
     written = []
     if module.arrays:
         _atomic_write(sidecar, lambda f: np.savez(f, **module.arrays))

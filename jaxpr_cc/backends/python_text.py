@@ -517,6 +517,59 @@ def _transpose_picks_by_pattern(prim):
 HELPER_IMPORTS.update({"_jvp_by_pattern": (), "_vjp_by_pattern": (), "_linear_call_by_pattern": (),
                        "_prng_impl": (), "_copy_semantics": (), "_batched_while_loop": (), "_closed_over": (), "_custom_vjp_with_consts": (),
                        "_custom_jvp_with_consts": ()})
+# A reverse-only custom_vjp rule (passes/vjp_to_jvp.py: its bwd is not linear in
+# its cotangent) has as tangent map a value that raises when evaluated or compiled:
+# staging it is fine (reverse mode transposes the linear_call around it and runs
+# bwd), forward mode raises the rule's one-line message.  The emitted module defines
+# its own primitive for it (jaxpr-cc's is not importable there), with the same rules
+# as jax_adapter.forward_mode_refused_p, through JAX's public extension API.
+HELPERS["_forward_mode_refused"] = '''
+class ForwardModeRefusedError(TypeError):
+    """Forward-mode differentiation reached a rule that only has a reverse mode."""
+
+
+_FORWARD_MODE_REFUSED = []
+
+
+def _forward_mode_refused_primitive():
+    if _FORWARD_MODE_REFUSED:
+        return _FORWARD_MODE_REFUSED[0]
+    import jax.extend.core
+    from jax.interpreters import ad, batching, mlir
+    prim = jax.extend.core.Primitive("forward_mode_refused")
+    prim.multiple_results = True
+
+    def refuse(*_, message, **__):
+        raise ForwardModeRefusedError(message)
+
+    def abstract_eval(*_, out_shapes, out_dtypes, **__):
+        return [jax.core.ShapedArray(tuple(s), d) for s, d in zip(out_shapes, out_dtypes)]
+
+    def batcher(args, dims, *, out_shapes, **params):
+        size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+        outs = prim.bind(*args, out_shapes=tuple((size, *s) for s in out_shapes), **params)
+        return outs, [0] * len(outs)
+
+    def jvp(primals, tangents, **params):
+        dense = [ad.instantiate_zeros(t) for t in tangents]
+        return prim.bind(*primals, **params), prim.bind(*dense, **params)
+    prim.def_impl(refuse)
+    prim.def_abstract_eval(abstract_eval)
+    mlir.register_lowering(prim, refuse)
+    batching.primitive_batchers[prim] = batcher
+    ad.primitive_jvps[prim] = jvp
+    _FORWARD_MODE_REFUSED.append(prim)
+    return prim
+
+
+def _forward_mode_refused(*operands, message, out_shapes, out_dtypes, out_varying=()):
+    """Outputs of these shapes and dtypes that raise ``message`` when evaluated or
+    compiled: the tangent map of a reverse-only custom_vjp rule."""
+    return _forward_mode_refused_primitive().bind(
+        *operands, message=message, out_shapes=tuple(out_shapes), out_dtypes=tuple(out_dtypes))
+'''
+HELPER_IMPORTS["_forward_mode_refused"] = ()
+
 HELPERS["_treedef"] = '''
 def _treedef(node):
     """A pytree structure from its nodes: ``"*"`` a leaf, else (type, aux, children)."""

@@ -30,19 +30,26 @@ def register(sub) -> None:
                    help="example arguments as shapes and dtypes, e.g. 'f32[3], f32[]'")
     p.add_argument("--args-from", metavar="FILE.npz",
                    help="example arguments as arrays named arg0, arg1, ... in an .npz file")
+    p.add_argument("--forward-mode", dest="forward_mode", action="store_true",
+                   help="--to python: emit custom_vjp rules with the forward mode a Program "
+                        "has through them (emit_python(forward_mode=True)); the module then "
+                        "differentiates only in a process that has imported jaxpr_cc")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from .loading import load_program_arg
     from .output import check_writable, write_output
+    if args.to != "python" and args.forward_mode:
+        raise CliError(f"--forward-mode applies to --to python only, not --to {args.to}: "
+                       f"drop it")
     check_writable(args.output)
     program = load_program_arg(args.program, args.args_spec, args.args_from)
     if args.to == "python" and args.output.endswith(".py"):
         # A module file may keep large constants in a sidecar .npz next to it.
-        write_python_file(program, args.output, args.program)
+        write_python_file(program, args.output, args.program, forward_mode=args.forward_mode)
         return 0
-    text = emit(program, args.to, args.program)
+    text = emit(program, args.to, args.program, forward_mode=args.forward_mode)
     write_output(args.output, text if text.endswith("\n") else text + "\n")
     return 0
 
@@ -56,25 +63,25 @@ def _python_backend(where: str):
     return python_source
 
 
-def write_python_file(program, path: str, where: str) -> None:
+def write_python_file(program, path: str, where: str, forward_mode: bool = False) -> None:
     from ..storage.errors import SaveError
     from .output import write_errors
     backend = _python_backend(where)
     with write_errors(path):
         try:
-            backend.write_python(program, path)
+            backend.write_python(program, path, forward_mode=forward_mode)
         except SaveError:
             raise  # the file writer's (a directory, a missing directory)
         except ValueError as e:  # PythonEmitError is a ValueError
             raise CliError(f"{where}: cannot emit Python: {' '.join(str(e).split())}") from None
 
 
-def emit(program, form: str, where: str) -> str:
+def emit(program, form: str, where: str, forward_mode: bool = False) -> str:
     if form == "jaxpr":
         return str(program.to_jaxpr())
     if form == "python":
         try:
-            return _python_backend(where).emit_python(program)
+            return _python_backend(where).emit_python(program, forward_mode=forward_mode)
         except ValueError as e:  # the Python backend's errors (PythonEmitError) are ValueErrors
             raise CliError(f"{where}: cannot emit Python: {' '.join(str(e).split())}") from None
     return lower(program, where, dialect=form)

@@ -24,6 +24,7 @@ _SERVICES = {
     "region_to_closed_jaxpr": "jaxpr_cc.backends.jaxpr",
     "forward_mode_jaxpr": "jaxpr_cc.passes.vjp_to_jvp",
     "forward_mode_region": "jaxpr_cc.passes.vjp_to_jvp",
+    "with_forward_mode": "jaxpr_cc.passes.vjp_to_jvp",
     "save_program": "jaxpr_cc.io.api",
 }
 _provided: dict[str, Callable[..., Any]] = {}
@@ -73,6 +74,13 @@ def forward_mode_region(region):
     """``region`` with forward mode through the custom_vjp rules it calls (a rewritten
     copy), or None when it calls none (the Python backend's forward-mode primals)."""
     return _service("forward_mode_region")(region)
+
+
+def with_forward_mode(program):
+    """``program`` with a forward mode through its custom_vjp rules (the rewrite a
+    Program's differentiated call evaluates): a rewritten copy, or ``program`` itself
+    when it has no custom_vjp call (the Python backend emits this one)."""
+    return _service("with_forward_mode")(program)
 
 
 def save_program(program, path) -> None:
