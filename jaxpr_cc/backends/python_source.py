@@ -27,10 +27,9 @@ differentiated ``Program`` call evaluates (``passes/vjp_to_jvp.with_forward_mode
 each custom_vjp whose bwd is linear becomes a ``@jax.custom_jvp`` whose tangent is a
 ``linear_call`` of the transposed bwd (reverse mode still runs the user's bwd), and a
 reverse-only rule refuses forward mode with the Program's one-line message.  It is
-off by default: such a module differentiates (``jax.grad`` too) only where jaxpr-cc's
-``linear_call`` rules (batching, transposition with known linear operands,
-perturbed residuals; ``jax_adapter``) are registered, i.e. in a process that has
-imported ``jaxpr_cc`` -- plain JAX 0.10.2 lacks them.
+off by default: such a module imports ``jaxpr_cc.passes.vjp_to_jvp``, whose ``linear_call`` rules
+(batching, transposition with known linear operands, perturbed residuals;
+``jax_adapter``) it runs -- plain JAX 0.10.2 lacks them.
 """
 from __future__ import annotations
 
@@ -94,7 +93,9 @@ def emit_python_module(program, *, sidecar_name: str | None = None,
         # Program call evaluates (its custom_vjp rules with a forward mode).
         from ..ir import program_services
         program = program_services.with_forward_mode(program)
-    emitter = _ModuleEmitter(program, sidecar_name, inline_limit)
+    # The linear_call rules forward mode runs (batching, transposition with known
+    # linear operands) are registered by importing jaxpr_cc: the module imports it.
+    emitter = _ModuleEmitter(program, sidecar_name, inline_limit, imports_jaxpr_cc=forward_mode)
     source = emitter.build()
     return PythonModule(source, sidecar_name if emitter.arrays else None, emitter.arrays)
 
@@ -125,8 +126,10 @@ def _atomic_write(path: pathlib.Path, write) -> None:
     write_file(path, write)
 
 class _ModuleEmitter:
-    def __init__(self, program, sidecar_name: str | None, inline_limit: int):
+    def __init__(self, program, sidecar_name: str | None, inline_limit: int,
+                 imports_jaxpr_cc: bool = False):
         self.program = program
+        self.imports_jaxpr_cc = imports_jaxpr_cc
         self.sidecar_name = sidecar_name
         self.inline_limit = inline_limit
         self.namer = ModuleNamer()
@@ -182,6 +185,9 @@ class _ModuleEmitter:
         if self.uses_partition_spec:
             third_party.append("from jax.sharding import PartitionSpec as P")
         third_party += sorted(self.imports_from)
+        if self.imports_jaxpr_cc:
+            # Importing the pass registers jaxpr-cc's linear_call rules with JAX.
+            third_party.append("import jaxpr_cc.passes.vjp_to_jvp  # noqa: F401")
         helpers: list[cst.BaseStatement] = []
         for name in sorted(self.helpers):
             helpers.extend(cst.parse_module(HELPERS[name].strip() + "\n").body)
