@@ -109,7 +109,14 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
             linear_here = functools.reduce(
                 jnp.logical_and, [jnp.all(z == 0) for z, a in zip(at_zero, out_avals)
                                   if jnp.issubdtype(a.dtype, jnp.inexact)], jnp.bool_(True))
-            result = [jnp.where(linear_here, r, jnp.full_like(r, jnp.nan)) for r in result]
+            # A linear input no output reads has a zero cotangent whatever the check
+            # says: it stays a plain zero, so that an analysis of this transpose sees
+            # it as one (a custom_vjp's tangent for an output whose cotangent its bwd
+            # never reads is then a symbolic zero; the other results carry the NaN).
+            unread = [not any(_reaches(closed.jaxpr, [j == i for j in range(len(in_avals))]))
+                      for i in lin_pos]
+            result = [r if skip else jnp.where(linear_here, r, jnp.full_like(r, jnp.nan))
+                      for r, skip in zip(result, unread)]
         return result
 
     t_avals = [in_avals[i] for i in other_pos] + [_ct_aval(a) for a in out_avals]
@@ -348,6 +355,18 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
     return None, out_linear, out_zero
 
 
+def known_zero_outputs(jaxpr, zeros: Sequence[bool]) -> list[bool]:
+    """Which outputs of ``jaxpr`` are zero whenever its inputs marked ``zeros``
+    are, whatever the other inputs hold: zeros followed through linear maps,
+    products with a zero and loops that only ever add zeros (``_zero_results``).
+    The other inputs are treated as unknown values, so no linearity of the
+    jaxpr is assumed.  (A custom rule's tangent for a pattern of perturbed
+    inputs: an output it computes from the zero tangents alone is a zero.)"""
+    _, _, out_zero = _scan(jaxpr, [False] * len(jaxpr.invars), list(zeros),
+                           check_outputs=False)
+    return list(out_zero)
+
+
 def _zero_results(eqn, zflags: list[bool], used) -> list[bool]:
     """Which results of ``eqn`` are known zeros, given which operands are (none
     carries the linear input).  A result is zero when it is a linear function of
@@ -358,8 +377,15 @@ def _zero_results(eqn, zflags: list[bool], used) -> list[bool]:
     accumulates the cotangent of a closed-over value its step does not use.)"""
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
+    if eqn.primitive is jx.forward_mode_refused_p:
+        return [False] * n_out  # a refusal raises when evaluated: never a zero
     if name in _ZERO_PRESERVING:
         return [zflags[0]] * n_out
+    if name == "linear_call" and len(eqn.params["callee"].jaxpr.invars) == len(zflags):
+        # A call of its callee (residuals, then linear operands): a result is zero
+        # when the callee computes it from the zero operands alone (a custom_vjp's
+        # tangent for an output whose cotangent its bwd never reads).
+        return known_zero_outputs(eqn.params["callee"].jaxpr, zflags)
     if jx.is_bilinear(eqn.primitive) and any(zflags):
         return [True] * n_out  # mul, dot_general: zero times anything
     # Only float operands can carry a linear value (a False predicate is no zero).
