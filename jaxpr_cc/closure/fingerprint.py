@@ -18,8 +18,12 @@ variable it closes over was rebound).
   name the walk met, and again while that walk meets new names or modules;
 * a class: every attribute of every class in its MRO (data, functions,
   ``staticmethod``/``classmethod``/``property`` targets), walked in turn;
-* ``functools.partial`` parts, bound methods' function and ``self``, containers,
-  and plain objects' ``__dict__``, ``__slots__`` and class.
+* ``functools.partial`` parts, bound methods' function and ``self``, and plain
+  objects' ``__dict__``, ``__slots__`` and class;
+* built-in containers by content, mutable ones included (``list``, ``dict``,
+  ``set``, ``deque``, ``bytearray``, ``array.array``, a ``memoryview``'s current
+  bytes), with a subclass instance's attributes and class and a ``defaultdict``'s
+  factory: a rule reading ``BUF[0]`` must see an in-place write between calls.
 
 Functions, classes and modules of installed libraries and the standard library are
 identified by identity and not walked into: their state is not the program's, and
@@ -112,16 +116,14 @@ class Fingerprinter:
             return self._module(obj)
         if isinstance(obj, type):
             return self._class(obj)
-        if isinstance(obj, (tuple, list, collections.deque)):
-            return (type(obj), tuple(self(x) for x in tuple(obj)))
-        if isinstance(obj, array.array):
-            return ("array", obj.typecode, obj.tobytes())
-        if isinstance(obj, dict):
-            # A snapshot: reading an attribute can import lazily and grow a dict.
-            return (type(obj), tuple((self(k), self(v)) for k, v in list(obj.items())))
-        if isinstance(obj, (set, frozenset)):
-            return self._opaque(obj) if not all(isinstance(x, _SCALARS) for x in obj) else (
-                type(obj), tuple(sorted(repr(_scalar(x)) for x in obj)))
+        if isinstance(obj, _BUILTIN_CONTAINERS):
+            # Mutable built-in containers are compared by content (a rule reading
+            # ``BUF[0]`` sees an in-place write), and a subclass's own attributes,
+            # class and (``defaultdict``) default factory too.
+            return (self._container_type(obj), self._container(obj), self._extra_state(obj))
+        if isinstance(obj, memoryview):
+            # A view reads its buffer's current bytes (a bytearray's, an array's).
+            return ("memoryview", obj.format, obj.shape, obj.readonly, obj.tobytes())
         if isinstance(obj, types.FunctionType):
             return self._function(obj)
         if isinstance(obj, types.MethodType):
@@ -148,6 +150,41 @@ class Fingerprinter:
             return ("object", self(type(obj)), id(obj), self(attrs),
                     tuple((n, self(getattr(obj, n))) for n in slots))
         return self._opaque(obj)
+
+    def _container_type(self, obj):
+        cls = type(obj)
+        return cls if cls in _BUILTIN_CONTAINER_TYPES else self(cls)
+
+    def _container(self, obj) -> tuple:
+        if isinstance(obj, (bytearray, bytes)):
+            return ("bytes", bytes(obj))
+        if isinstance(obj, array.array):
+            return ("array", obj.typecode, obj.tobytes())
+        if isinstance(obj, dict):
+            # A snapshot: reading an attribute can import lazily and grow a dict.
+            return tuple((self(k), self(v)) for k, v in list(obj.items()))
+        if isinstance(obj, (set, frozenset)):
+            # Order-free: two equal sets can iterate in different orders.
+            return frozenset(self(x) for x in list(obj))
+        return tuple(self(x) for x in tuple(obj))  # tuple, list, deque
+
+    def _extra_state(self, obj) -> tuple:
+        """What a container holds besides its items: ``defaultdict``'s factory, a
+        deque's ``maxlen``, a subclass instance's ``__dict__`` and slots."""
+        extra = []
+        if isinstance(obj, collections.defaultdict):
+            extra.append(("default_factory", self(obj.default_factory)))
+        if isinstance(obj, collections.deque):
+            extra.append(("maxlen", obj.maxlen))
+        if type(obj) not in _BUILTIN_CONTAINER_TYPES:
+            attrs = getattr(obj, "__dict__", None)
+            if isinstance(attrs, dict):
+                extra.append(("attrs", self(attrs)))
+            extra.extend((n, self(getattr(obj, n))) for c in type(obj).__mro__
+                         for n in getattr(c, "__slots__", ())
+                         if isinstance(n, str) and n not in ("__dict__", "__weakref__")
+                         and hasattr(obj, n))
+        return tuple(extra)
 
     def _module(self, module: types.ModuleType) -> tuple:
         """A module's identity; its attributes are walked by ``modules_part`` (read
@@ -193,6 +230,17 @@ def fingerprint(obj, keepalive: list, max_nodes: int = MAX_NODES):
     except Exception:  # too large, unhashable, too deep, or reading an attribute failed
         return None
     return out
+
+
+# Built-in containers walked by content (``bytes`` is a scalar above; a subclass of
+# it, like one of any of these, is walked with its attributes).
+_BUILTIN_CONTAINERS = (tuple, list, dict, set, frozenset, bytearray, array.array,
+                       collections.deque)
+# Exact types whose fingerprint may name the type itself: they hold no state of
+# their own beyond their items (``defaultdict``/``deque`` extras are walked apart).
+_BUILTIN_CONTAINER_TYPES = frozenset({
+    tuple, list, dict, set, frozenset, bytearray, array.array, collections.deque,
+    collections.defaultdict, collections.OrderedDict, collections.Counter})
 
 
 def _scalar(obj) -> tuple:

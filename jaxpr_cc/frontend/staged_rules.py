@@ -48,7 +48,7 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
         # whose jvp calls itself, as optimistix's ``_asarray``) stages the same
         # transformed rule again inside its converted body: that inner equation is a
         # call of the rule being converted (recursion), found by its key.
-        keys, converted = KeyMaker(), {}
+        keys, converted = _RuleKeyMaker(), {}
         # Anything else that stages a JAX-form rule at every level (a library's own
         # re-binding) would go on forever: after a few rounds what is left keeps JAX's
         # form, as the program's own rules would under JAX.
@@ -108,6 +108,28 @@ def _regions_with_enclosing(body: Region):
         stack.extend(reversed(found))
 # The staged rule callable of each JAX-form custom equation.
 _RULE_CALLABLE = {"custom_jvp_call": "jvp_jaxpr_fun", "custom_vjp_call": "bwd"}
+
+
+class _RuleKeyMaker(KeyMaker):
+    """Structural keys in which a JAX-form custom equation nested in a body stands for
+    its rule (as ``_recursion_key`` keys the equation itself), not for the staged
+    thunks JAX made afresh at each re-binding.  Without this, a vmapped custom_vjp
+    whose fwd calls itself (and whose body holds a vmapped custom_jvp) gives a new
+    key at every level of the recursion, so each level is converted again, and each
+    symbolic-zeros variant of each level stages one more: the work grows as
+    (variants + 1) ** rounds."""
+
+    def params(self, params: dict) -> tuple:
+        attr = next((a for a in _RULE_CALLABLE.values() if a in params), None)
+        if attr is None or "call_jaxpr" not in params:
+            return super().params(params)
+        root = jx.find_tagged_function(params[attr], "_jaxpr_cc_rule")
+        rule = root._jaxpr_cc_rule if root is not None else _Same(params[attr])
+        # The fwd thunk and out_trees come from the same rule: left out, as in
+        # ``_recursion_key``.
+        rest = {k: v for k, v in params.items()
+                if k not in (attr, "fwd_jaxpr_thunk", "out_trees")}
+        return (("rule", attr, rule), *super().params(rest))
 
 
 def _recursion_key(eqn: Equation, keys: KeyMaker):
