@@ -40,8 +40,11 @@ so are loops calling a ``custom_vjp`` rule (no forward mode: run ``vjp-to-jvp``
 first), and any loop whose rule cannot be built, each with its reason.
 
 Every other loop -- explicit time stepping ``while t < T``, growth loops
-``while x < 10``, counted loops -- is left alone, and the pass statistics list
-each with the reason.
+``while x < 10``, counted loops, relative tests -- is left alone, and the pass
+statistics list each with the reason.  So is every loop inside a user's custom
+rule (a ``custom_vjp``'s primal, fwd and bwd, a ``custom_jvp``'s primal and jvp,
+a ``linear_call``'s callee and transpose): the rule defines the derivative there
+(see ``_inside_custom_rules``).
 
 Options: ``adjoint`` -- the linear solver, used for the tangent and (transposed)
 the adjoint equation: ``fixed-point`` (iterate the linear map: it contracts as
