@@ -18,8 +18,13 @@ or computed by the body and carried as a gap, or the step ``s`` of an update
 ``x <- x + s``) -- or the residual ``x - T(x)`` of the map the loop iterates
 (``T`` recomputed by the condition on the carried iterate, or by the body on
 the iterate it returns, and the residual carried) -- has a size above a
-tolerance, optionally also while an iteration counter is below a cap
-(``convergence_test``).  A loop that runs while the
+loop-invariant tolerance, optionally also while an iteration counter is below
+a cap (``convergence_test``).  A tolerance that reads the iterate (a relative
+test ``|dx| > rtol |x|``) is refused: an iterate growing without bound meets
+it too.  A size is scaled only by a factor proven positive (a positive
+literal, sums and maxima with one; ``exp``, products and powers can underflow
+to 0, which makes the test constant) and divided only by a finite positive
+literal.  A loop that runs while the
 iterate itself passes a test (explicit time stepping ``while t < T``, a growth
 loop ``while x < 10``) or while a counter does is not a fixed-point solve: it is
 left alone unless forced.  Carries holding the convergence gap are auxiliary:
@@ -208,7 +213,8 @@ def match_fixed_point(eqn: Equation, *, forced: bool = False,
 # between two successive iterations:
 #
 #   fixed   -- reads only constants and counters (an iteration cap, a tolerance)
-#   iterate -- reads the iterates' values, not their change (a relative tolerance)
+#   iterate -- reads the iterates' values, not their change (a relative
+#              tolerance, refused as the bound of a test: see _RELATIVE)
 #   new/old -- a state carry's current / previous value (``carries`` = which)
 #   next    -- the update applied to the current value, ``T(x)`` (the same
 #              equations, on the same operands, as the body's update of the
@@ -251,6 +257,26 @@ _CALL_PARAMS = ("jaxpr", "call_jaxpr")
 _FLIP = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "eq": "eq", "ne": "ne"}
 
 
+#: Why a tolerance (or a scale of the change) that reads the iterate is refused.
+_RELATIVE = ("the change of the iterate is compared with (or scaled by) a value of the iterate "
+             "itself, not a loop-invariant tolerance: a relative test |x_(k+1) - x_k| > "
+             "rtol |x| is also met by an iterate that grows without converging "
+             "(x <- x + t stops once |x| > |t| / rtol)")
+
+
+def _finite_literal(atom, nonzero: bool) -> bool:
+    """``atom`` is a literal whose elements are all finite (and nonzero)."""
+    if not isinstance(atom, jx.Literal):
+        return False
+    try:
+        v = np.asarray(atom.val)
+        if not np.issubdtype(v.dtype, np.number) or np.iscomplexobj(v):
+            return False
+        return bool(np.all(np.isfinite(v)) and (not nonzero or np.all(v != 0)))
+    except (TypeError, ValueError):
+        return False
+
+
 def _bad(why: str) -> _Tag:
     return _Tag("bad", why=why)
 
@@ -291,22 +317,36 @@ def _keeps_values(eqn) -> bool:
 
 def _free_sign(eqn, tags: Sequence[_Tag]) -> str:
     """The sign of an operation on values that are not the change."""
+    # "pos" is kept only by operations that cannot round a positive number to
+    # zero: exp, a product, a quotient, a power or a narrowing conversion can
+    # underflow (exp(-1000) == 0.0), so they give "nonneg" at best.
     name = eqn.primitive.name
     signs = [t.sign for t in tags]
-    if name in ("exp", "exp2"):
-        return "pos"
-    if name in ("abs", "square") or (name == "integer_pow" and eqn.params["y"] % 2 == 0):
-        return "pos" if signs[0] == "pos" else "nonneg"
-    if name == "sqrt" or (_keeps_values(eqn) and len(tags) == 1) or \
-            name in _REDUCE_MEASURE + ("integer_pow",) and len(tags) == 1:
-        return signs[0] if signs[0] in ("pos", "nonneg") else ""
     nonneg = all(x in ("pos", "nonneg") for x in signs)
+    if name in ("exp", "exp2"):
+        return "nonneg"
+    if name in ("abs", "sqrt") and len(tags) == 1:
+        return signs[0] if signs[0] == "pos" else "nonneg" if name == "abs" or \
+            signs[0] == "nonneg" else ""
+    if name == "square" or (name == "integer_pow" and eqn.params["y"] % 2 == 0):
+        return "nonneg"
+    if name == "integer_pow" and len(tags) == 1:
+        return "nonneg" if signs[0] in ("pos", "nonneg") else ""
+    if _keeps_values(eqn) and len(tags) == 1:
+        if signs[0] == "pos" and name == "convert_element_type" and \
+                jnp.finfo(eqn.outvars[0].aval.dtype).tiny > jnp.finfo(eqn.invars[0].aval.dtype).tiny:
+            return "nonneg"   # a narrowing conversion rounds tiny values to zero
+        return signs[0] if signs[0] in ("pos", "nonneg") else ""
+    if name in _REDUCE_MEASURE and len(tags) == 1:
+        if signs[0] == "pos" and int(np.prod(eqn.invars[0].aval.shape)) == 0:
+            return "nonneg" if name == "reduce_sum" else ""   # an empty sum is 0
+        return signs[0] if signs[0] in ("pos", "nonneg") else ""
     if name in ("add", "max") and nonneg:
         return "pos" if "pos" in signs else "nonneg"
     if name == "max" and "pos" in signs:
         return "pos"
     if name in ("mul", "div") and nonneg:
-        return "pos" if all(x == "pos" for x in signs) else "nonneg"
+        return "nonneg"
     return ""
 
 
@@ -393,8 +433,13 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
         if (_keeps_values(eqn) or name == "neg") and len(tags) == 1:
             return [one]
         if name in ("mul", "div") and len(special) == 1 and free(others) and \
-                (name == "mul" or tags[0] is one) and others[0].sign in ("pos", "neg"):
-            return [one]  # a change scaled by a nonzero factor (a relative change)
+                others[0].kind != "fixed":
+            return [_bad(_RELATIVE)]
+        if name == "mul" and len(special) == 1 and free(others) and \
+                others[0].sign in ("pos", "neg"):
+            return [one]  # a change scaled by a loop-invariant nonzero factor
+        if name == "div" and tags[0] is one and _finite_literal(atoms[1], nonzero=True):
+            return [one]
         if name in ("abs", "sqrt") or (name == "integer_pow" and eqn.params["y"] % 2 == 0
                                        and eqn.params["y"] > 0) or name == "square":
             return [_Tag("measure", one.carries)] if name != "sqrt" else [_bad(what)]
@@ -417,15 +462,30 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
                 return [one]
             if name == "integer_pow" and eqn.params["y"] > 0:
                 return [one]
-            # Scaling keeps a size a size only by a positive factor (dividing by a
-            # nonnegative one: 0/0 is NaN, which compares false: converged).
+            # The tolerance side is loop-invariant: a bound that moves with the
+            # iterate proves nothing about its change (see _RELATIVE).
+            if name in ("mul", "div", "pow") + tuple(_FLIP) and len(tags) == 2 and \
+                    free(others) and others[0].kind != "fixed":
+                return [_bad(_RELATIVE)]
+            # Scaling keeps a size a size only by a positive factor (one that
+            # overflows to inf still does: inf * |d| > tol runs while d != 0).
+            # A divisor must be a finite positive literal: a computed one can
+            # overflow to inf, and |d| / inf = 0 makes the test constant.
             if name == "mul" and free(others) and others[0].sign == "pos":
                 return [one]
-            if name == "div" and tags[0] is one and free(others) and \
-                    others[0].sign in ("pos", "nonneg"):
+            if name == "div" and tags[0] is one and _finite_literal(atoms[1], nonzero=True) \
+                    and others[0].sign == "pos":
                 return [one]
+            if name == "div" and tags[0] is one and free(others):
+                return [_bad("the size of the change is divided by a value not proven a finite "
+                             "positive constant (a divisor that overflows to inf makes the "
+                             "test constant)")]
             if name == "pow" and tags[0] is one and free(others) and others[0].sign == "pos":
                 return [one]
+            if name in ("mul", "pow") and free(others) and (name == "mul" or tags[0] is one):
+                return [_bad(f"the size of the change is {'scaled' if name == 'mul' else 'raised'} "
+                             f"by a factor not proven positive ('{name}'; exp, products and "
+                             f"powers can underflow to 0, which makes the test constant)")]
             if name in _FLIP and len(tags) == 2 and free(others):
                 op = name if tags[0] is one else _FLIP[name]
                 if op in ("gt", "ge", "ne"):

@@ -40,8 +40,11 @@ so are loops calling a ``custom_vjp`` rule (no forward mode: run ``vjp-to-jvp``
 first), and any loop whose rule cannot be built, each with its reason.
 
 Every other loop -- explicit time stepping ``while t < T``, growth loops
-``while x < 10``, counted loops -- is left alone, and the pass statistics list
-each with the reason.
+``while x < 10``, counted loops, relative tests -- is left alone, and the pass
+statistics list each with the reason.  So is every loop inside a user's custom
+rule (a ``custom_vjp``'s primal, fwd and bwd, a ``custom_jvp``'s primal and jvp,
+a ``linear_call``'s callee and transpose): the rule defines the derivative there
+(see ``_inside_custom_rules``).
 
 Options: ``adjoint`` -- the linear solver, used for the tangent and (transposed)
 the adjoint equation: ``fixed-point`` (iterate the linear map: it contracts as
@@ -116,6 +119,7 @@ class ImplicitDiff(Pass):
 
     def run(self, program, ctx: PassContext):
         found = _while_loops(program.body)
+        ruled = _inside_custom_rules(program.body)
         selected = self._selection(found)
         # A loop holding loops is snapshot before those are rewritten: its
         # fallback derivative (the loop's own, by forward mode through its
@@ -133,7 +137,7 @@ class ImplicitDiff(Pass):
             if selected is not None and position not in selected:
                 ctx.count("loops-not-selected")
                 continue
-            match = _complex_reason(eqn) or match_fixed_point(
+            match = ruled.get(id(eqn)) or _complex_reason(eqn) or match_fixed_point(
                 eqn, forced=selected is not None,
                 result_used=[region.has_users(v) for v in eqn.outputs])
             if isinstance(match, str):
@@ -253,6 +257,57 @@ def _while_loops(body: Region) -> list[tuple[Region, Equation]]:
 
     visit(body)
     return out
+
+
+#: The regions of a custom-rule equation, by what they are to the rule.
+_RULE_REGIONS = {
+    "custom_vjp_call": {"call_jaxpr": "primal", "fwd_jaxpr": "fwd", "bwd_jaxpr": "bwd"},
+    "custom_jvp_call": {"call_jaxpr": "primal", "jvp_jaxpr": "jvp rule"},
+    "linear_call": {"callee": "callee", "transpose_jaxpr": "transpose"},
+}
+
+
+def _inside_custom_rules(body: Region) -> dict[int, str]:
+    """id(while equation) -> why it is left alone, for every loop in a region of a
+    user's custom rule (``custom_vjp`` primal/fwd/bwd, ``custom_jvp`` primal/jvp,
+    ``linear_call`` callee/transpose), nested calls included.
+
+    The rule defines the derivative there: JAX never differentiates the primal,
+    and the fwd/bwd/jvp/transpose compute it (vjp-to-jvp, forward mode and higher
+    orders analyze or differentiate them as written -- a bwd's adjoint loop
+    rewritten with an iteration counter is no longer seen as linear in its
+    cotangent).  A rewrite there can only lose derivatives, never add one.  A
+    region reachable both inside and outside a rule is shared, so it counts as
+    inside.  (A rule's regions may reach the rule again -- a fwd calling its own
+    function -- so regions are visited once per label.)"""
+    ruled: dict[int, str] = {}
+    seen: set[int] = set()
+
+    def visit(region: Region, why: str | None) -> None:
+        key = (id(region), why)
+        if key in seen:
+            return
+        seen.add(key)
+        for eqn in region.equations:
+            if eqn.prim.name == "while" and why is not None:
+                ruled.setdefault(id(eqn), why)
+            name = str(eqn.params.get("name", "") or "")
+            if name.startswith(RULE_PREFIX):
+                continue
+            parts = _RULE_REGIONS.get(eqn.prim.name)
+            for key_, _, sub in eqn.regions():
+                inner = why
+                if parts is not None:   # the innermost rule is the one named
+                    kind = "custom_vjp" if eqn.prim.name == "custom_vjp_call" else \
+                        "custom_jvp" if eqn.prim.name == "custom_jvp_call" else "linear_call"
+                    rule = f"{kind} rule {name}" if name else f"a {kind} rule"
+                    inner = (f"the loop is inside the {parts.get(key_, key_)} of the {rule}, "
+                             f"whose rules define the derivative there (a rewrite could only "
+                             f"change what they compute)")
+                visit(sub, inner)
+
+    visit(body, None)
+    return ruled
 
 
 def _holds_while(eqn: Equation) -> bool:
