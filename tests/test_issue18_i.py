@@ -4,6 +4,7 @@ program as `jaxpr-cc compile` does (an uneven sharding constraint and a shard_ma
 program give jax.jit's result, not eager JAX's IndivisibleError); an executable
 compiled with x64 says so in one line where x64 is off.  References: jax.jit."""
 import copy
+import functools
 import os
 import subprocess
 import sys
@@ -144,3 +145,66 @@ def test_x64_executable_run_without_x64_is_one_clear_line(tmp_path):
         assert len(lines) == 1, res.stderr
         assert "float64" in lines[0] and "JAX_ENABLE_X64=1" in lines[0], lines[0]
         assert "compiling" not in lines[0], lines[0]
+
+
+# ---------------------------------------------------------------- weak cotangents
+def _fixed_point():
+    """A custom_vjp fixed-point solver (implicit differentiation) of x = f(p, x)."""
+    import functools
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def fp(f, p, x0):
+        def body(c): return f(p, c[0]), c[0]
+        def cond(c): return jnp.abs(c[0] - c[1]) > 1e-6
+        return jax.lax.while_loop(cond, body, (f(p, x0), x0))[0]
+
+    def fp_fwd(f, p, x0):
+        x = fp(f, p, x0)
+        return x, (p, x)
+
+    def fp_bwd(f, res, g):
+        p, x = res
+        _, vjp_p = jax.vjp(lambda p: f(p, x), p)
+        _, vjp_x = jax.vjp(lambda x: f(p, x), x)
+        def body(c): return vjp_x(c[0])[0] + g, c[0]
+        def cond(c): return jnp.abs(c[0] - c[1]) > 1e-6
+        w = jax.lax.while_loop(cond, body, (vjp_x(g)[0] + g, g))[0]
+        return vjp_p(w)[0], jnp.zeros_like(x)
+    fp.defvjp(fp_fwd, fp_bwd)
+    return fp
+
+
+_FP = _fixed_point()
+
+
+def _closing_over_b(b, a):  # the solver's update closes over b: x = sqrt(a b / (2 - b))
+    return _FP(lambda a, x: 0.5 * b * (x + a / x), a, a)
+
+
+def _passing_b(b, a):       # the same with b passed to the custom_vjp: JAX differentiates it
+    return _FP(lambda p, x: 0.5 * p[1] * (x + p[0] / x), (a, b), a)
+
+
+@pytest.mark.parametrize("how", ["grad_of_jit", "jit_of_grad"])
+def test_cotangent_of_closed_over_python_float_is_weak_like_jax(how):
+    grad = functools.partial(jax.grad, argnums=(0, 1))
+    expected = grad(_passing_b)(1.0, 2.0)
+    closed_form = grad(lambda b, a: jnp.sqrt(a * b / (2 - b)))(1.0, 2.0)
+    got = (grad(jaxpr_cc.jit(_closing_over_b)) if how == "grad_of_jit"
+           else jaxpr_cc.jit(grad(_closing_over_b)))(1.0, 2.0)
+    for g, e, c in zip(got, expected, closed_form):
+        assert jax.typeof(g) == jax.typeof(e) == jax.typeof(c)  # dtype and weak_type
+        assert jax.typeof(g).weak_type
+        np.testing.assert_allclose(g, e, rtol=1e-5)
+        np.testing.assert_allclose(g, c, rtol=1e-5)
+
+
+def test_cotangent_of_closed_over_array_stays_strong():
+    grad = functools.partial(jax.grad, argnums=(0, 1))
+    b, a = jnp.float32(1.0), jnp.float32(2.0)
+    expected = grad(_passing_b)(b, a)
+    got = grad(jaxpr_cc.jit(_closing_over_b))(b, a)
+    for g, e in zip(got, expected):
+        assert jax.typeof(g) == jax.typeof(e)
+        assert not jax.typeof(g).weak_type
+        np.testing.assert_allclose(g, e, rtol=1e-5)
