@@ -19,6 +19,7 @@ same function with the same options share their programs.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import warnings
@@ -187,6 +188,12 @@ class _StandIn:
     def __repr__(self) -> str:
         return repr(self._jaxpr_cc_state._fun)
 
+    def __deepcopy__(self, memo) -> "_StandIn":
+        # As copy.deepcopy shares the function a jax.jit holds (functions copy as
+        # themselves), a copy shares the stand-in: its state holds traced programs
+        # (with JAX tracebacks that cannot be copied), caches that need no copy.
+        return self
+
 
 class JitFunction:
     """The state behind ``jaxpr_cc.jit`` functions of one Python function and one
@@ -279,6 +286,19 @@ class JitFunction:
                 jax_clear_cache(alive)
         jitted.clear_cache = clear_cache
         jitted.__wrapped__ = fun
+
+        def deepcopy(memo) -> Callable:
+            # What copy.deepcopy does to a jax.jit function (a new one from its
+            # pickled state, the function shared), our attributes included:
+            # without them the copy would be jax.jit of the stand-in alone.
+            alive = jitted_ref()
+            state = copy.deepcopy(alive.__getstate__(), memo)
+            new = type(alive).__new__(type(alive))
+            new.__setstate__(state)
+            memo[id(alive)] = new
+            new.__dict__.update(alive.__dict__)
+            return self.attach(new, fun)
+        jitted.__deepcopy__ = deepcopy
         return jitted
 
     def _staged_call(self, args: tuple, kwargs: dict):

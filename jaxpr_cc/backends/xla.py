@@ -812,6 +812,15 @@ def load_executable(path: str) -> Executable:
         raise bad("manifest weak_types must list one bool per input")
     # jax.export keeps shapes and dtypes; Python-scalar arguments are weakly typed.
     in_avals = [a.update(weak_type=w) for a, w in zip(exported.in_avals, weak)]
+    # Its 64-bit inputs or outputs cannot even be spelled without x64 (arrays become
+    # 32-bit): say so, as loading such a saved program does, not fail in compiling.
+    if jax.dtypes.canonicalize_dtype("float64") != "float64":
+        wide = next((str(a.dtype) for a in (*in_avals, *out_avals)
+                     if str(a.dtype) in _X64_ONLY), None)
+        if wide is not None:
+            raise bad(f"the executable uses {wide} (it was compiled with jax_enable_x64), but "
+                      f"this process runs with jax_enable_x64 disabled; set JAX_ENABLE_X64=1 "
+                      f"to run it")
     param_entries = manifest.get("params")
     if not isinstance(param_entries, list):
         raise bad("manifest has no params list")

@@ -53,13 +53,13 @@ def run(args) -> int:
         avals = [v.aval for v in program.arg_values]
         names = [v.name for v in program.arg_values]
         leaves = match_inputs(arrays, avals, names, args.inputs)
-        call, in_tree = program, program.in_tree
-        if program.arg_shardings is not None and any(
-                s is not None for s in program.arg_shardings):
-            # Host arrays from the file carry no layout: compiled as `jaxpr-cc compile`
-            # does, the executable places them as the program was traced with.
-            from ..backends.xla import compile as compile_program
-            call = _compiled(args.program, compile_program, program)
+        # Compiled as `jaxpr-cc compile` does, and the executable run: what
+        # `compile` + `exec EXE` and jax.jit give (op by op, JAX refuses what a
+        # compiled program accepts, such as an uneven sharding constraint), and host
+        # arrays from the file placed as the program was traced with.
+        from ..backends.xla import compile as compile_program
+        call = _compiled(args.program, compile_program, program)
+        in_tree = program.in_tree
     else:
         exe = _load_executable(args.program, data)
         avals = list(exe.arg_avals)

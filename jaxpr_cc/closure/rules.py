@@ -459,7 +459,12 @@ def _forward_const_cotangents(call, consts, args, hot, cts, out_avals, levels=No
             ct_value = pairs[:n] - 1j * pairs[n:].astype(dtype)
         else:
             ct_value = pairs
-        out.append(ct_value.reshape(shape).astype(dtype))
+        ct_value = ct_value.reshape(shape).astype(dtype)
+        if getattr(jax.typeof(value), "weak_type", False):
+            # JAX's cotangent of a weakly typed value (a Python scalar) is weakly
+            # typed too, as reverse mode through the same function gives it.
+            ct_value = jx.weakly_typed(ct_value)
+        out.append(ct_value)
     return out
 
 
