@@ -278,3 +278,26 @@ def test_progress_only_on_a_terminal():
     finally:
         progress_module._FIRST_DELAY = old
     assert "tracing f ..." in tty.getvalue() and tty.getvalue().endswith("\r\x1b[2K")
+
+
+def test_exec_takes_inputs_as_a_program_call_does(work):
+    """Without x64 a float64 array is a float32 argument (as for a Program call and
+    jax.jit); integers are never read as the bits of a bfloat16, while a bfloat16
+    .npy (numpy stores its raw 2-byte items) is."""
+    (work / "dbl.py").write_text("def double(x):\n    return x * 2\n")
+    run_many(("trace", "dbl.py:double", "--args", "f32[2]", "-o", "f32.jcc"),
+             ("trace", "dbl.py:double", "--args", "bf16[2]", "-o", "bf16.jcc"), cwd=work)
+    np.savez(work / "f64.npz", arg0=np.array([1.5, 2.5]))
+    np.savez(work / "u16.npz", arg0=np.array([16256, 16384], np.uint16))
+    np.savez(work / "bf16.npz", arg0=np.asarray(jnp.array([1.0, 2.0], jnp.bfloat16)))
+    run("exec", "f32.jcc", "--inputs", "f64.npz", "-o", "f64_out.npz", cwd=work)
+    want = jax.jit(lambda x: x * 2)(np.array([1.5, 2.5]))
+    np.testing.assert_array_equal(np.load(work / "f64_out.npz")["out0"], np.asarray(want))
+    message = one_line_error(run("exec", "bf16.jcc", "--inputs", "u16.npz", "-o", "u_out.npz",
+                                 cwd=work, check_code=2))
+    assert "uint16" in message and "bfloat16" in message
+    assert not (work / "u_out.npz").exists()
+    run("exec", "bf16.jcc", "--inputs", "bf16.npz", "-o", "bf_out.npz", cwd=work)
+    got = np.load(work / "bf_out.npz")["out0"].view(jnp.bfloat16)
+    want = jax.jit(lambda x: x * 2)(jnp.array([1.0, 2.0], jnp.bfloat16))
+    assert got.tobytes() == np.asarray(want).tobytes()

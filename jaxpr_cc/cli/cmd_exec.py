@@ -190,9 +190,15 @@ def _convert(value, aval, key: str, where: str):
                        f"{aval.str_short()}")
     if value.dtype == dtype:
         return value
-    if value.dtype.itemsize == np.dtype(dtype).itemsize and value.dtype.kind in "Vu" \
-            and np.dtype(dtype).name not in ("bool",) and np.dtype(dtype).kind == "V":
-        return value.view(dtype)  # raw bits of bfloat16 / float8 (how numpy stores them)
+    if jax.dtypes.canonicalize_dtype(value.dtype) == dtype:
+        # As a Program call (and jax.jit) takes it: without x64 a float64 array is
+        # a float32 argument.
+        return value.astype(dtype)
+    if value.dtype.itemsize == np.dtype(dtype).itemsize and value.dtype.kind == "V" \
+            and np.dtype(dtype).kind == "V":
+        # A .npy of bfloat16 / float8 stores the raw bits as a void dtype; an integer
+        # array is numbers, never bits to reinterpret.
+        return value.view(dtype)
     if np.dtype(dtype).kind == "V" and value.dtype.kind == "f":
         converted = value.astype(dtype)
         if np.array_equal(converted.astype(value.dtype), value, equal_nan=True):
