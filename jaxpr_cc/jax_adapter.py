@@ -732,7 +732,7 @@ _LINEAR_JAXPR_TRANSPOSER: list = [None]
 
 def set_linear_jaxpr_transposer(transpose) -> None:
     """``transpose(closed, linear_mask) -> ClosedJaxpr`` (see
-    ``jaxpr_cc.passes.transpose.transpose_linear``), used for the residual
+    ``jaxpr_cc.closure.transpose.transpose_linear``), used for the residual
     tangents of linear_calls whose callee holds a while_loop."""
     _LINEAR_JAXPR_TRANSPOSER[0] = transpose
 

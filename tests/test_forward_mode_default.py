@@ -18,7 +18,7 @@ from jax import lax
 import jaxpr_cc
 from jaxpr_cc.examples import fixed_point as fp
 from jaxpr_cc.passes.manager import run_passes
-from jaxpr_cc.passes.transpose import NotTransposableError, transpose_linear
+from jaxpr_cc.closure.transpose import NotTransposableError, transpose_linear
 
 RNG = np.random.default_rng(0)
 W = jnp.asarray(RNG.normal(size=(3, 3)) * 0.3, jnp.float32)

@@ -21,7 +21,7 @@ from jax import lax
 import jaxpr_cc
 from jaxpr_cc.examples import fixed_point as fp
 from jaxpr_cc.jax_adapter import ForwardModeRefusedError
-from jaxpr_cc.passes.transpose import NotTransposableError, transpose_linear
+from jaxpr_cc.closure.transpose import NotTransposableError, transpose_linear
 
 
 def _with_accumulating_bwd(step_extra):

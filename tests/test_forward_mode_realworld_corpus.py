@@ -17,7 +17,7 @@ rules, which JAX already runs in forward mode):
 None of these rules has a bwd that is not linear in its cotangent, so none is
 refused.  BacksolveAdjoint's bwd writes the adjoint into diffrax's save buffer,
 which starts filled with inf: an affine value whose constant part is never read;
-the transposition checks that at run time (see jaxpr_cc/passes/transpose.py).
+the transposition checks that at run time (see jaxpr_cc/closure/transpose.py).
 
 The default run checks a sample (about 15 s); ``-m heavy`` checks every program.
 """

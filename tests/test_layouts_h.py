@@ -21,10 +21,10 @@ KEYWORD_ONLY = {"linear"}
 
 #: (module, param) -> why that module may still name it.
 ALLOWED = {
-    ("passes/transpose.py", "num_consts"): "builds the transposed scan's params",
-    ("passes/transpose.py", "num_carry"): "builds the transposed scan's params",
-    ("passes/transpose.py", "cond_nconsts"): "builds the transposed while's params",
-    ("passes/transpose.py", "body_nconsts"): "builds the transposed while's params",
+    ("closure/transpose.py", "num_consts"): "builds the transposed scan's params",
+    ("closure/transpose.py", "num_carry"): "builds the transposed scan's params",
+    ("closure/transpose.py", "cond_nconsts"): "builds the transposed while's params",
+    ("closure/transpose.py", "body_nconsts"): "builds the transposed while's params",
     # jaxpr_cc's own first-order custom rules (defined in closure/ir_rules.py) store
     # their closed-over count as ``num_consts``: these modules construct such rules.
     ("closure/ir_rules.py", "num_consts"): "defines the custom-rule equation form",

@@ -16,7 +16,7 @@ import jaxpr_cc
 from jaxpr_cc.golden.corpus import load_corpus
 from jaxpr_cc.passes.manager import PassError, run_passes
 from jaxpr_cc.passes.vjp_to_jvp import VjpToJvp
-from jaxpr_cc.passes.transpose import NotTransposableError
+from jaxpr_cc.closure.transpose import NotTransposableError
 
 from jaxref import assert_trees_equal, batch_args, batch_in_axes, scalarize
 

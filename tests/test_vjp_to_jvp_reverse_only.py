@@ -232,7 +232,7 @@ def test_scatter_with_indices_from_the_cotangent_has_a_one_line_reason():
 
 def test_linearity_check_scatter_indices_message():
     """The table entry for plain scatter: indices that depend on the linear input."""
-    from jaxpr_cc.passes.transpose import first_nonlinear_equation
+    from jaxpr_cc.closure.transpose import first_nonlinear_equation
 
     def f(ct, idx_f):
         idx = idx_f.astype(jnp.int32).reshape(1, 1)

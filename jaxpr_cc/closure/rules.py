@@ -587,7 +587,7 @@ def _zero_tangents(cache: dict, closed, n_primals: int, pattern: tuple,
     key = (id(closed), pattern)
     hit = cache.get(key)
     if hit is None or hit[0] is not closed:
-        from ..passes.transpose import known_zero_outputs
+        from .transpose import known_zero_outputs
         zeros = [False] * n_primals + [not p for p in pattern]
         try:
             found = known_zero_outputs(closed.jaxpr, zeros)[n_out:]

@@ -8,7 +8,7 @@ forms the output tangent as
 
 where ``bwd`` is the user's backward rule ``(c, r, ct_y) -> ct_x`` and ``T`` is its
 transpose with respect to the cotangent, ``(c, r, t_x) -> t_y``, computed from
-bwd's jaxpr (``jaxpr_cc.passes.transpose``).  Forward mode (``jax.jvp``, ``jax.jacfwd``)
+bwd's jaxpr (``jaxpr_cc.closure.transpose``).  Forward mode (``jax.jvp``, ``jax.jacfwd``)
 then runs ``T``; reverse mode transposes the ``linear_call`` and so runs the
 user's own ``bwd`` -- ``jax.grad`` is unchanged.  Second derivatives
 (``jax.hessian``) differentiate ``T`` or ``bwd`` with respect to the residuals;
@@ -30,7 +30,7 @@ linear inputs of the ``linear_call``, whose transpose forms their cotangents fro
 forward-mode columns, as the vjp rule did.
 
 The bwd may iterate a linear map in a while_loop (an adjoint fixed-point solve,
-a counted loop): ``jaxpr_cc.passes.transpose`` transposes those too.  ``jaxpr_cc.jit``
+a counted loop): ``jaxpr_cc.closure.transpose`` transposes those too.  ``jaxpr_cc.jit``
 and calls of a Program under autodiff run this pass by default
 (``FORWARD_MODE_PIPELINE``; ``jaxpr_cc.jit(f, forward_mode=False)`` opts out).
 
@@ -43,7 +43,7 @@ operation (``can't apply forward-mode autodiff ... through a reverse-only rule:
 the bwd of custom_vjp rule 'f' (f.py:3) is not linear in its cotangent: 'max' is
 not a linear operation ...``); the pass statistics list each such rule with the
 reason, and the pass goes on with the others.  ``untransposable=error`` raises
-:class:`~jaxpr_cc.passes.transpose.NotTransposableError` instead (run through the pass
+:class:`~jaxpr_cc.closure.transpose.NotTransposableError` instead (run through the pass
 manager, the program is left unchanged); ``untransposable=skip`` leaves such rules
 as custom_vjp calls (JAX's own forward-mode error, which names no rule);
 ``untransposable=primal`` takes their forward-mode tangent from the
@@ -70,7 +70,7 @@ from ..frontend.from_jaxpr import region_from_closed_jaxpr
 from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.value import Value
-from .transpose import NotTransposableError, transpose_linear
+from ..closure.transpose import NotTransposableError, transpose_linear
 from .base import Pass, PassContext, register_pass
 
 jx.register_linear_call_batching()

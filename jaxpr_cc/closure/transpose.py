@@ -984,7 +984,7 @@ def _bind_rule(eqn, callee, transpose, res, lin, ct_avals):
     """``linear_call(callee, transpose)(res; lin)`` as a first-order rule (callee
     and transpose are constant-free jaxprs, so the IR can hold the equation and
     the saved-program format can write it)."""
-    from ..closure.rules import LinearRule, RuleInfo, bind_linear_rule
+    from .rules import LinearRule, RuleInfo, bind_linear_rule
     res_avals = [jax.typeof(x) for x in res]
     lin_avals = [jax.typeof(x) for x in lin]
     nr = len(res)
