@@ -115,7 +115,8 @@ KINDS = ["trace", pytest.param("jit", marks=pytest.mark.heavy)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.heavy)  # ~30 s
+                                  if c == "nested_same_solver" else c for c in sorted(CASES)])
 def test_derivatives_match_the_unrolled_iteration(case, kind):
     fn, reference, x = CASES[case]
     with jax.enable_x64(True):

@@ -142,6 +142,7 @@ def test_grad_of_jacfwd_of_the_tutorial_fixed_point():
     np.testing.assert_allclose(float(grad_of_jvp), got, rtol=1e-6)
 
 
+@pytest.mark.heavy
 def test_jacrev_of_jacfwd_of_the_fixed_point_on_a_vector():
     jf = jaxpr_cc.jit(fp.newton_sqrt)
     v = jnp.array([2.0, 3.0, 0.5], jnp.float32)

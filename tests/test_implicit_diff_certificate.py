@@ -104,6 +104,7 @@ def test_scalar_loops_keep_their_derivative(fun):
     assert_loop_derivative(fun, jnp.float32(1.0), jnp.float32(1.0))
 
 
+@pytest.mark.heavy
 def test_a_large_state_with_slow_components_keeps_its_derivative():
     theta = jnp.ones(2 * N_HALF, jnp.float32)
     tangent = jnp.asarray(np.random.default_rng(0).normal(size=2 * N_HALF), jnp.float32)

@@ -239,6 +239,7 @@ def test_period_two_orbit_keeps_jax_derivative():
     assert float(jax.jacfwd(new)(theta)) == float(want) == 1.0
 
 
+@pytest.mark.heavy
 def test_residual_loop_stopped_by_its_cap_keeps_jax_derivative():
     """Five steps do not converge: the certificate refuses the implicit tangent."""
     def capped(theta):

@@ -103,7 +103,8 @@ np.save("ref.npy", np.asarray(jax.jit(model.f)(*args)))
 
 
 @pytest.mark.parametrize("source,trace_args", [(_UNEVEN, ()), (_SHARD_MAP, ()),
-                                               (_SHARD_MAP, ("--args", "f32[16]"))],
+                                               pytest.param(_SHARD_MAP, ("--args", "f32[16]"),
+                                                            marks=pytest.mark.heavy)],
                          ids=["uneven_constraint", "shard_map", "shard_map_args_spec"])
 def test_exec_of_a_program_compiles_it_like_compile_then_exec(tmp_path, source, trace_args):
     env = _env()
