@@ -205,19 +205,11 @@ def _custom_vjp_reason(eqn: Equation) -> str | None:
     none).  The implicit rule linearizes the loop's update (the tangent, the
     certificate's rate, the fallback Jacobian), and JAX has no forward mode
     through a custom_vjp; ``vjp-to-jvp`` first turns such rules into custom_jvp."""
-    todo = [sub for _, _, sub in eqn.regions()]
-    seen: set[int] = set()
-    while todo:
-        region = todo.pop()
-        if id(region) in seen:
-            continue
-        seen.add(id(region))
-        for inner in region.equations:
-            if inner.prim.name == "custom_vjp_call":
-                name = inner.params.get("name", "") or "a custom_vjp function"
-                return (f"the loop calls the custom_vjp rule {name} (no forward-mode "
-                        "derivative; run vjp-to-jvp before implicit-diff)")
-            todo.extend(sub for _, _, sub in inner.regions())
+    for inner in _nested_equations(eqn):
+        if inner.prim.name == "custom_vjp_call":
+            name = inner.params.get("name", "") or "a custom_vjp function"
+            return (f"the loop calls the custom_vjp rule {name} (no forward-mode "
+                    "derivative; run vjp-to-jvp before implicit-diff)")
     return None
 
 
@@ -310,19 +302,19 @@ def _inside_custom_rules(body: Region) -> dict[int, str]:
     return ruled
 
 
-def _holds_while(eqn: Equation) -> bool:
-    todo = [sub for _, _, sub in eqn.regions()]
+def _nested_equations(eqn: Equation):
+    """Every equation of the regions ``eqn`` holds, each region once (the shared
+    cycle-safe walker)."""
     seen: set[int] = set()
-    while todo:
-        region = todo.pop()
-        if id(region) in seen:
-            continue
-        seen.add(id(region))
-        for inner in region.equations:
-            if inner.prim.name == "while":
-                return True
-            todo.extend(sub for _, _, sub in inner.regions())
-    return False
+    for _, _, sub in eqn.regions():
+        for region in sub.regions():
+            if id(region) not in seen:
+                seen.add(id(region))
+                yield from region.equations
+
+
+def _holds_while(eqn: Equation) -> bool:
+    return any(inner.prim.name == "while" for inner in _nested_equations(eqn))
 
 
 def _where(eqn) -> str:
