@@ -107,7 +107,8 @@ def capped_loop(theta):
 
 
 @pytest.mark.parametrize("adjoint", ["auto", pytest.param("bicgstab", marks=pytest.mark.heavy)])
-@pytest.mark.parametrize("fun,thetas", [(cosine_loop, [0.7, 0.9]),
+@pytest.mark.parametrize("fun,thetas", [pytest.param(cosine_loop, [0.7, 0.9],  # ~20 s
+                                                     marks=pytest.mark.heavy),
                                         pytest.param(capped_loop, [0.5, 1.05, 0.8],
                                                      marks=pytest.mark.heavy)])
 def test_reverse_mode_of_a_vmapped_rule(fun, thetas, adjoint):

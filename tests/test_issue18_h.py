@@ -90,6 +90,7 @@ def test_closed_over_token_is_returned_like_jax_jit():
         assert jax.typeof(got[0]) == jax.typeof(want[0]) and int(got[0]) == int(want[0])
 
 
+@pytest.mark.heavy
 def test_no_tracer_leaks_under_jax_check_tracer_leaks():
     # (api_test test_leak_checker_internal_error) the trace session kept tracers of
     # a finished checkpoint trace alive.
