@@ -14,17 +14,9 @@ from jax import lax
 
 import jaxpr_cc
 from jaxpr_cc.passes.manager import PassManager, run_passes
+from implicit_diff_helpers import reasons, rewrite_with_stats
 
 
-def rewrite_with_stats(fun, *args):
-    pm = PassManager("implicit-diff")
-    program = jaxpr_cc.trace(fun, *args)
-    new = pm.run(program)
-    return program, new, dict(pm.statistics)["implicit-diff"]
-
-
-def reasons(stats) -> str:
-    return " | ".join(k for k in stats if k.startswith("loop "))
 
 
 # ------------------------------------------- loops that are not fixed points

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-import jaxpr_cc
-from jaxpr_cc.passes.manager import PassManager
+from implicit_diff_helpers import reasons, rewrite_with_stats
 
 A = (np.random.default_rng(1).normal(size=(6, 6)) * 0.25).astype(np.float32)
 C = np.cos(np.arange(6)).astype(np.float32)
@@ -25,15 +24,6 @@ THETA = np.array([0.3, -0.2, 0.5, 0.1, -0.4, 0.25], np.float32)
 DIRECTION = np.linspace(-1.0, 1.0, 6).astype(np.float32)
 
 
-def rewrite_with_stats(fun, *args):
-    pm = PassManager("implicit-diff")
-    program = jaxpr_cc.trace(fun, *args)
-    new = pm.run(program)
-    return program, new, dict(pm.statistics)["implicit-diff"]
-
-
-def reasons(stats) -> str:
-    return " | ".join(k for k in stats if k.startswith("loop "))
 
 
 def update(x, theta):

@@ -20,19 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-import jaxpr_cc
-from jaxpr_cc.passes.manager import PassManager
+from implicit_diff_helpers import reasons, rewrite_with_stats
 
 
-def rewrite_with_stats(fun, *args):
-    pm = PassManager("implicit-diff")
-    program = jaxpr_cc.trace(fun, *args)
-    new = pm.run(program)
-    return program, new, dict(pm.statistics)["implicit-diff"]
-
-
-def reasons(stats) -> str:
-    return " | ".join(k for k in stats if k.startswith("loop "))
 
 
 # ------------------------------------------------------- loops in custom rules
