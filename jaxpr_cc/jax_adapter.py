@@ -1088,6 +1088,22 @@ def eval_equation(eqn, invals) -> list:
     params = eqn.primitive.get_bind_params(eqn.params)
     out = eqn.primitive.bind(*invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def eval_equation_per_operand(eqn, invals) -> list:
+    """``eval_equation`` of a primitive whose result i is operand i
+    (``device_put``, ``optimization_barrier``), bound once per operand: JAX's
+    partial evaluation makes every result of one bind unknown when one operand
+    is, which a transposition would read as a linear value (CG's ``device_put``
+    of ``(b, x0)``).  Per-operand params (tuples as long as the operands) are
+    sliced."""
+    n = len(invals)
+    outs = []
+    for i, x in enumerate(invals):
+        params = {k: (v[i:i + 1] if isinstance(v, tuple) and len(v) == n else v)
+                  for k, v in eqn.params.items()}
+        outs.extend(eqn.primitive.bind(x, **eqn.primitive.get_bind_params(params)))
+    return outs
 # ---------------------------------------------------------------------------
 # Param types of every primitive (issue 16): PRNG implementations by registered
 # name, device_put copy semantics, custom_linear_solve's named tuples, and the

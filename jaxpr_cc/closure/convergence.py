@@ -123,6 +123,8 @@ _RELATIVE = ("the change of the iterate is compared with (or scaled by) a value 
              "itself, not a loop-invariant tolerance: a relative test |x_(k+1) - x_k| > "
              "rtol |x| is also met by an iterate that grows without converging "
              "(x <- x + t stops once |x| > |t| / rtol)")
+#: hints key: relative tolerances are accepted (convergence_test's ``relative``).
+_RELATIVE_OK = "relative tolerances accepted"
 
 
 def _finite_literal(atom, nonzero: bool) -> bool:
@@ -286,6 +288,9 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
     others = [t for t in tags if t is not one]
     union = frozenset().union(*(t.carries for t in special))
     what = f"'{name}' of the change of the iterate"
+    # What may bound (or scale) the change: loop invariants, and values of the
+    # iterate when relative tolerances are accepted (see convergence_test).
+    bounds = ("fixed", "iterate") if hints is not None and hints.get(_RELATIVE_OK) else ("fixed",)
 
     def free(ts):
         return all(t.kind in _FREE for t in ts)
@@ -294,7 +299,7 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
         if (_keeps_values(eqn) or name == "neg") and len(tags) == 1:
             return [one]
         if name in ("mul", "div") and len(special) == 1 and free(others) and \
-                others[0].kind != "fixed":
+                others[0].kind not in bounds:
             return [_bad(_RELATIVE)]
         if name == "mul" and len(special) == 1 and free(others) and \
                 others[0].sign in ("pos", "neg"):
@@ -326,7 +331,7 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
             # The tolerance side is loop-invariant: a bound that moves with the
             # iterate proves nothing about its change (see _RELATIVE).
             if name in ("mul", "div", "pow") + tuple(_FLIP) and len(tags) == 2 and \
-                    free(others) and others[0].kind != "fixed":
+                    free(others) and others[0].kind not in bounds:
                 return [_bad(_RELATIVE)]
             # Scaling keeps a size a size only by a positive factor (one that
             # overflows to inf still does: inf * |d| > tol runs while d != 0).
@@ -427,13 +432,16 @@ def _carry_tags(kinds, copies) -> list[_Tag]:
 
 def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
                      copies: dict[int, int], cap_joins: dict | None = None,
-                     operands: Sequence | None = None) -> tuple[set[int], set[int]] | str:
+                     operands: Sequence | None = None, relative: bool = False
+                     ) -> tuple[set[int], set[int]] | str:
     """``(covered, gaps)``: the state carries whose convergence the exit test
     checks, and the carries that hold a convergence gap the body computes; or a
     one-line reason the condition is not a convergence test.  ``operands`` (the
     loop's operands) let the condition's or the body's recomputation of the
     update ``T(x)`` be recognized (a residual ``x - T(x)``): the same equations
-    on the same operands."""
+    on the same operands.  ``relative`` accepts tolerances that read the iterate
+    (``|dx| > rtol |x|``), for a caller that checks by other means that the
+    iteration has a limit (see _RELATIVE)."""
     m = len(kinds)
     carry_in = _carry_tags(kinds, copies)
     body_in = [_FIXED] * body_n + [_Tag("old", frozenset({i})) if k == STATE else
@@ -442,7 +450,7 @@ def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
     body_seeds, cond_seeds = ({}, {}) if operands is None else \
         _update_images(cond, cond_n, body, body_n, kinds, operands)
     body_seeds.update(_body_seeds(body, body_n, kinds))
-    hints: dict = {}
+    hints: dict = {_RELATIVE_OK: True} if relative else {}
     body_out = _interpret(body, body_in, body_seeds, hints=hints)
     gaps: set[int] = set()
     cond_in = list(carry_in)

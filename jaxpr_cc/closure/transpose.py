@@ -9,10 +9,13 @@ returning the cotangents of the linear inputs.  The work is JAX's own
 
 JAX transposes no ``while_loop``; loops that iterate a linear map are bound as
 ``linear_call`` rules whose transpose iterates the transposed map (see "while
-loops" below): counted loops exactly, loops to convergence (a fixed-point or
-Neumann iteration of an adjoint solve) by the same iteration of the transposed
-map with the same stopping test.  Such loops are found inside calls, custom
-rules' primals, ``cond`` branches and ``scan`` bodies too.
+loops" below): counted loops exactly; loops to convergence (a fixed-point or
+Neumann iteration of an adjoint solve) as the limit of their iteration, by the
+transposed iteration run until it no longer changes at working precision.  A
+loop whose stopping test reads the linear input is accepted only when that
+test is a convergence test (``closure.convergence``): any other test makes the
+trip count, and so the map, depend on the linear input.  Such loops are found
+inside calls, custom rules' primals, ``cond`` branches and ``scan`` bodies too.
 
 When the jaxpr is not linear in those inputs -- a nonlinear primitive reads them
 (``sin(ct)``, ``ct * ct``, ``clip(ct)``), a loop's stopping test reads them
@@ -39,6 +42,7 @@ import numpy as np
 
 from .. import jax_adapter as jx
 from ..jax_adapter import ClosedJaxpr, Literal
+from .convergence import STATE, carry_kinds, convergence_test
 
 
 class NotTransposableError(ValueError):
@@ -232,6 +236,9 @@ _JOINT_OPERANDS = {
     "complex": slice(None), "select_n": slice(1, None), "dynamic_update_slice": slice(0, 2),
     "scatter-add": slice(0, 3, 2), "scatter": slice(0, 3, 2),
 }
+# Primitives whose result i is operand i, moved or fenced (device_put of a
+# tuple, as CG does with (b, x0)): linear, and zero, operand by operand.
+_PER_OPERAND = ("device_put", "optimization_barrier")
 # (pvary: shard_map's check_vma cast of a device-invariant value to a varying
 # one; it moves no data, so a zero stays zero -- `0 * i` in a bwd under shard_map.)
 _ZERO_PRESERVING = ("broadcast_in_dim", "convert_element_type", "reshape", "transpose",
@@ -381,6 +388,8 @@ def _zero_results(eqn, zflags: list[bool], used) -> list[bool]:
         return [False] * n_out  # a refusal raises when evaluated: never a zero
     if name in _ZERO_PRESERVING:
         return [zflags[0]] * n_out
+    if name in _PER_OPERAND:
+        return list(zflags)
     if name == "linear_call" and len(eqn.params["callee"].jaxpr.invars) == len(zflags):
         # A call of its callee (residuals, then linear operands): a result is zero
         # when the callee computes it from the zero operands alone (a custom_vjp's
@@ -425,6 +434,8 @@ def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used=frozenset()):
         return _cond_linearity(eqn, flags, zeros)
     if name == "scan":
         return _scan_linearity(eqn, flags, zeros)
+    if name in _PER_OPERAND:
+        return None, list(flags), list(zeros)
     if name == "linear_call":
         lead = eqn.params["num_callee_consts"] + eqn.params["num_res"]
         if any(flags[:lead]):
@@ -532,14 +543,15 @@ def _scan_linearity(eqn, flags, zeros):
 # * counted loops -- the stopping test reads N only, so the trip count T does
 #   not depend on the linear input: the transpose runs the transposed body T
 #   times, accumulating the constants' cotangents (exact);
-# * loops to convergence -- the stopping test reads L (``|x_prev - x| > tol``,
-#   a fixed-point or Neumann iteration): the loop computes the fixed point
-#   L* = M L* + B c of its linear map, whose transpose is w* = M^T w* + L_bar,
-#   c_bar = B^T w*.  The transpose is the same iteration of the transposed map,
-#   with the same stopping test applied to the transposed iterate, ending also
-#   once the iterate stops changing exactly (further steps would change
-#   nothing).  The initial carry's cotangent is zero: at convergence the result
-#   does not depend on where the iteration started.
+# * loops to convergence -- the stopping test reads L and is a convergence
+#   test of it (``|x_prev - x| > tol``, a residual, a Neumann term that
+#   vanishes; checked by ``closure.convergence``): the loop computes the limit
+#   of x <- M x + B c, and the transpose is that of the limit:
+#   c_bar = B^T sum_j (M^T)^j L_bar and x0_bar = lim (M^T)^N L_bar (zero for a
+#   contraction; a Neumann sum's accumulator keeps its start's cotangent).  It
+#   runs the transposed iteration until neither changes at working precision
+#   (``_transposed_limit``; NaN when it never settles).  Any other test on L
+#   (``|g| > 1``) makes the trip count depend on the linear input: refused.
 #
 # Either way the linear update must not read N (the same linear map every
 # step); a loop to convergence must not let its trip count escape.
@@ -579,6 +591,8 @@ def _eqn_reaches(eqn, flags) -> list[bool]:
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     p = eqn.params
+    if name in _PER_OPERAND:
+        return list(flags)
     if name == "while":
         cc, bc = p["cond_nconsts"], p["body_nconsts"]
         carry = list(flags[cc + bc:])
@@ -682,6 +696,12 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
             if not outs[k] and not out_zero[k]:
                 return (Problem(eqn, f"the while_loop body sets carry {k} to a value that "
                                      f"{_AFFINE}"), None)
+    if check and converges and any(lin):
+        reason = _not_a_convergence_test(eqn, lin)
+        if reason is not None:
+            return (Problem(eqn, f"a while_loop that stops on a test of the linear input, so "
+                                 f"its trip count depends on it, and {reason}: it is not the "
+                                 f"limit of a linear iteration"), None)
     if varying and converges:
         return (Problem(eqn, "a while_loop that stops on a test of the linear input and whose "
                              "linear update reads a carry that does not carry it (a counter or "
@@ -694,6 +714,37 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
     if converges and not any(lin[k] for k in range(len(lin))):
         converges = False
     return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges, varying, affine)
+
+
+def _not_a_convergence_test(eqn, lin) -> str | None:
+    """Why the exit test of a while_loop whose carries marked ``lin`` carry the
+    linear input is not a convergence test of them, or None when it is (see
+    ``closure.convergence``: the change between iterations, a residual or a
+    vanishing step, above a tolerance, optionally capped).  Such a
+    loop computes the limit of its iteration, a linear map; any other test on the
+    linear carries makes the trip count, and so the map, depend on them
+    (``while |g| > 1: g = g / 2``)."""
+    p = eqn.params
+    cc, bc = p["cond_nconsts"], p["body_nconsts"]
+    body, cond = p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr
+    classified = carry_kinds(body, bc)
+    if isinstance(classified, str):
+        return classified
+    kinds, copies = classified
+    # A relative tolerance is accepted: an iteration without a limit (one that
+    # grows until |dx| < rtol |x|) is caught where the transposed iteration
+    # runs to its limit (_transposed_limit gives NaN when there is none).
+    test = convergence_test(cond, cc, body, bc, kinds, copies, operands=list(eqn.invars),
+                            relative=True)
+    if isinstance(test, str):
+        return test
+    covered, gaps = test
+    missing = [k for k, flag in enumerate(lin)
+               if flag and kinds[k] == STATE and k not in covered and k not in gaps]
+    if missing:
+        return (f"it does not test the convergence of carr{'y' if len(missing) == 1 else 'ies'} "
+                f"{', '.join(map(str, missing))}, which the iteration also updates")
+    return None
 
 
 def _while_linearity(eqn, flags, zeros, used):
@@ -760,8 +811,11 @@ def eval_linear(jaxpr, consts, args, linear) -> list:
         if any(flags) and _eqn_has_while(eqn):
             outs, out_flags = _eval_linear_eqn(eqn, invals, flags, used)
         else:
-            outs = jx.eval_equation(eqn, invals)
-            out_flags = [any(flags)] * len(outs)
+            if eqn.primitive.name in _PER_OPERAND and any(flags) and not all(flags):
+                outs, out_flags = jx.eval_equation_per_operand(eqn, invals), list(flags)
+            else:
+                outs = jx.eval_equation(eqn, invals)
+                out_flags = [any(flags)] * len(outs)
         for v, x, flag in zip(eqn.outvars, outs, out_flags):
             env[v] = x
             if flag:
@@ -906,23 +960,8 @@ def _bind_linear_while(eqn, invals, flags, used):
         cv, nl_consts, n_init = split_res(r)
         l_bar = list(cts)
         if split.converges:
-            def keep_going(state):
-                n_vals, w, changed = state
-                return jnp.logical_and(changed, stop_test(cv, n_vals, w))
-
-            def step(state):
-                n_vals, w, _ = state
-                _, g_l = body_t(nl_consts, n_vals, w)
-                w_new = [g + b for g, b in zip(g_l, l_bar)]
-                changed = functools.reduce(jnp.logical_or,
-                                           [jnp.any(a != b) for a, b in zip(w_new, w)],
-                                           jnp.bool_(False))
-                return body_n(nl_consts, n_vals), w_new, changed
-
-            _, w_star, _ = jax.lax.while_loop(keep_going, step,
-                                              (list(n_init), l_bar, jnp.bool_(True)))
-            g_c, _ = body_t(nl_consts, list(n_init), w_star)
-            return [*g_c, *zeros_of(lin_carry_avals)]
+            return [*_transposed_limit(functools.partial(body_t, nl_consts, list(n_init)),
+                                       l_bar, lin_const_avals)]
 
         def count_cond(state):
             n_vals, _ = state
@@ -978,6 +1017,56 @@ def _bind_linear_while(eqn, invals, flags, used):
             aval = eqn.outvars[k].aval
             outs.append(jnp.zeros(aval.shape, aval.dtype))
     return outs, list(carry_lin)
+
+
+#: Steps after which the transposed iteration of a loop to convergence gives up
+#: (its results are then NaN): an iteration that neither converges nor
+#: overflows (a rotation) would otherwise run forever.
+_LIMIT_STEPS = 1 << 20
+
+
+def _transposed_limit(step_t, l_bar, const_avals):
+    """Cotangents ``(B^T s, v)`` of a loop ``x <- M x + B c`` run to its limit:
+    ``s = sum_j (M^T)^j l_bar`` and ``v = lim (M^T)^N l_bar``, the cotangents of
+    the linear loop constants ``c`` and of the start ``x_0``.  ``step_t(v)`` is
+    ``(B^T v, M^T v)``.
+
+    The loop's exit test is a convergence test (checked in ``_while_split``), so
+    its result is the limit of the iteration whatever its trip count; the
+    transposed iteration runs until neither cotangent changes at working
+    precision.  ``v`` vanishes for a contraction (the start does not matter)
+    and keeps the parts of the start that persist (a Neumann sum's accumulator
+    is its start plus the terms).  The user's exit test is not reused: it
+    measures the forward iterate (its change, a residual, a vanishing term),
+    which the transposed state is not."""
+    def size(xs):
+        return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0).astype(jnp.float32)
+                                              for x in xs], jnp.float32(0))
+
+    def scaled_size(xs):
+        # Each part's change measured in its own precision's units (eps).
+        return functools.reduce(
+            jnp.maximum, [(jnp.max(jnp.abs(x), initial=0.0) / jnp.finfo(x.dtype).eps)
+                          .astype(jnp.float32) for x in xs], jnp.float32(0))
+
+    def keep_going(state):
+        _, _, change, k = state
+        return jnp.logical_and(change, k < _LIMIT_STEPS)
+
+    def step(state):
+        v, acc, _, k = state
+        g_c, v_new = step_t(v)
+        acc_new = [a + g for a, g in zip(acc, g_c)]
+        moved = scaled_size([*[a - b for a, b in zip(v_new, v)], *g_c])
+        # `moved > scale` is False for NaN: a diverging iteration stops too.
+        change = moved > size([*v_new, *acc_new, *l_bar])
+        return list(v_new), acc_new, change, k + 1
+
+    acc0 = [jnp.zeros(a.shape, a.dtype) for a in const_avals]
+    v, acc, change, _ = jax.lax.while_loop(keep_going, step,
+                                           (list(l_bar), acc0, jnp.bool_(True), jnp.int32(0)))
+    # Still changing after _LIMIT_STEPS: not converged, no limit to give.
+    return [jnp.where(change, jnp.nan, x).astype(x.dtype) for x in [*acc, *v]]
 
 
 def _bind_rule(eqn, callee, transpose, res, lin, ct_avals):

@@ -1,0 +1,122 @@
+"""Forward mode through bwd rules that run while_loops on the cotangent (issue 17).
+
+A loop whose stopping test reads its linear carries is a linear map only as the
+limit of its iteration, and only when that test is a convergence test.  Each
+case is checked against JAX's own reverse mode (the user's bwd, run by
+``jax.jacrev`` of the original function) or refused in one line:
+
+- a Neumann series summed until its term is small: the accumulator's start
+  matters (its cotangent is the transposed iterate at the limit, not zero);
+- a test that is not a convergence test (a scale-invariant ``|s| > 0.3 |g|``,
+  a threshold ``|s| > 1``) makes the trip count depend on the cotangent: refused;
+- ``jax.scipy.sparse.linalg.cg`` in a bwd: its ``device_put`` of ``(b, x0)``
+  moves each operand separately, so the solve's start is not linear;
+- a relative tolerance ``|dx| > rtol (1 + |x|)`` is a convergence test here
+  (the transposed iteration checks that a limit exists: none gives NaN).
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpr_cc
+from jaxpr_cc.jax_adapter import ForwardModeRefusedError
+
+jax.config.update("jax_enable_x64", True)
+
+X = jnp.array([0.3, -0.7])
+A = jnp.array([[0.3, 0.1], [-0.2, 0.4]])
+
+
+def _sin_with_bwd(bwd):
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), bwd)
+    return f
+
+
+def _neumann_bwd(c, g):
+    def body(t):
+        term, acc = t
+        term = A @ term
+        return term, acc + term
+    _, acc = lax.while_loop(lambda t: jnp.linalg.norm(t[0]) > 1e-12, body, (c * g, c * g))
+    return (acc,)
+
+
+def test_neumann_series_bwd_keeps_the_start_of_its_accumulator():
+    f = _sin_with_bwd(_neumann_bwd)
+    want = jax.jacrev(f)(X)  # JAX runs the user's bwd
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-9)
+    np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(X), want, rtol=1e-12)
+    # Closed form: the bwd is g -> (I - A)^-1 diag(cos x) g; the Jacobian is its transpose.
+    direct = (np.linalg.inv(np.eye(2) - np.asarray(A)) @ np.diag(np.cos(np.asarray(X)))).T
+    np.testing.assert_allclose(want, direct, rtol=1e-9)
+
+
+@pytest.mark.parametrize("stop, what", [
+    (lambda t: jnp.abs(t[0]) > 0.3 * jnp.abs(t[1]), "scale-invariant test of the value"),
+    (lambda t: jnp.abs(t[0]) > 1.0, "threshold on the value"),
+], ids=["relative-value", "threshold"])
+def test_a_loop_stopping_on_the_value_of_the_cotangent_is_refused(stop, what):
+    def bwd(c, g):
+        s, _ = lax.while_loop(stop, lambda t: (0.5 * t[0], t[1]), (c * g, c * g))
+        return (s,)
+    f = _sin_with_bwd(bwd)
+    x = 0.3
+    with pytest.raises(ForwardModeRefusedError, match="not a convergence test") as info:
+        jax.jacfwd(jaxpr_cc.jit(f))(x)
+    assert "\n" not in str(info.value).split("--------------------")[0].strip()
+    # Reverse mode keeps the user's bwd: JAX's numbers.
+    np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(x), jax.jacrev(f)(x), rtol=1e-12)
+
+
+def test_conjugate_gradients_in_a_bwd_is_transposed():
+    def bwd(c, g):
+        m = 2.0 * jnp.eye(2) + jnp.outer(c, c)
+        return (jax.scipy.sparse.linalg.cg(lambda v: m @ v, g, tol=1e-14)[0],)
+    f = _sin_with_bwd(bwd)
+    want = jax.jacrev(f)(X)
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-9)
+    c = np.cos(np.asarray(X))
+    np.testing.assert_allclose(want, np.linalg.inv(2 * np.eye(2) + np.outer(c, c)), rtol=1e-9)
+
+
+def _relative_fixed_point_bwd(rtol, contraction):
+    def bwd(c, g):
+        def body(t):
+            _, x = t
+            return x, contraction * x + c * g
+        def cond(t):
+            prev, x = t
+            return jnp.max(jnp.abs(x - prev)) > rtol * (1.0 + jnp.max(jnp.abs(x)))
+        _, x = lax.while_loop(cond, body, (jnp.zeros_like(g), c * g))
+        return (x,)
+    return bwd
+
+
+def test_a_relative_tolerance_is_a_convergence_test():
+    f = _sin_with_bwd(_relative_fixed_point_bwd(1e-13, 0.5))
+    want = jax.jacrev(f)(X)
+    np.testing.assert_allclose(want, np.diag(2 * np.cos(np.asarray(X))), rtol=1e-10)
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-10)
+
+
+def test_an_iteration_without_a_limit_gives_nan_not_a_number():
+    # x <- -x + c g never converges; its relative test is never met either, but
+    # an iteration cap (k < 50) stops the user's loop.  The map has no limit:
+    # forward mode gives NaN rather than the transpose of 50 steps.
+    def bwd(c, g):
+        def body(t):
+            k, _, x = t
+            return k + 1, x, -x + c * g
+        def cond(t):
+            k, prev, x = t
+            return (jnp.max(jnp.abs(x - prev)) > 1e-9 * (1.0 + jnp.max(jnp.abs(x)))) & (k < 50)
+        _, _, x = lax.while_loop(cond, body, (0, jnp.zeros_like(g), c * g))
+        return (x,)
+    f = _sin_with_bwd(bwd)
+    assert np.all(np.isnan(np.asarray(jax.jacfwd(jaxpr_cc.jit(f))(X))))
