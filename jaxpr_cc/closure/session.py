@@ -770,8 +770,8 @@ def _close_made(jaxpr, own: list, consts: list, fn):
     """A body traced for a pattern when JAX first gave it: its closed-over values as
     the rule's leading inputs (``consts``).  A value only this pattern reads stays a
     constant of the body if it is concrete; a traced one cannot be given to it."""
-    known = {id(c) for c in consts}
-    extra = _dedupe([c for c in own if id(c) not in known])
+    known = {_const_identity(c) for c in consts}
+    extra = _dedupe([c for c in own if _const_identity(c) not in known])
     for c in extra:
         if isinstance(c, jx.Tracer):
             raise ClosureConversionError(
@@ -1027,11 +1027,23 @@ def _flatten_tangents(t_out, out_tree, out_avals, cjvp):
     return out
 
 
+def _const_identity(value):
+    """What makes two closed-over values the same: a traced value is itself; a
+    concrete array is its type and contents (a rule that builds a constant,
+    ``jnp.array([1., 2.])``, builds a new object at every trace of it, and a
+    recursive rule must see the same constants at every level)."""
+    if isinstance(value, jx.Tracer) or not isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        return id(value)
+    array = np.asarray(value)
+    return ("value", str(jx.typeof(value)), array.tobytes())
+
+
 def _dedupe(values: list) -> list:
     seen, out = set(), []
     for v in values:
-        if id(v) not in seen:
-            seen.add(id(v))
+        key = _const_identity(v)
+        if key not in seen:
+            seen.add(key)
             out.append(v)
     return out
 
@@ -1040,12 +1052,23 @@ def _with_consts(jaxpr, own_consts: list, all_consts: list):
     """``jaxpr`` takes ``own_consts`` as leading inputs; make it take ``all_consts``."""
     n_own = len(own_consts)
     const_invars, rest = jaxpr.invars[:n_own], jaxpr.invars[n_own:]
-    by_id = {id(c): v for c, v in zip(own_consts, const_invars)}
+    by_id: dict = {}
+    same: dict = {}  # a var of a constant equal to an earlier one -> that one's var
+    for c, v in zip(own_consts, const_invars):
+        first = by_id.setdefault(_const_identity(c), v)
+        if first is not v:
+            same[v] = first
     invars = []
     for c in all_consts:
-        v = by_id.get(id(c))
+        v = by_id.get(_const_identity(c))
         invars.append(v if v is not None else jx.Var(jx.typeof(c)))
-    return jx.Jaxpr([], invars + list(rest), jaxpr.outvars, jaxpr.eqns, jaxpr.effects,
+    eqns, outvars = jaxpr.eqns, jaxpr.outvars
+    if same:
+        def read(a):
+            return same.get(a, a) if isinstance(a, jx.Var) else a
+        eqns = [e.replace(invars=[read(a) for a in e.invars]) for e in eqns]
+        outvars = [read(a) for a in outvars]
+    return jx.Jaxpr([], invars + list(rest), outvars, eqns, jaxpr.effects,
                     jx.fit_debug_info(jaxpr.debug_info, len(invars) + len(rest), len(jaxpr.outvars)))
 
 
