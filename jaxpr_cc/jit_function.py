@@ -33,7 +33,7 @@ from .backends import xla
 # Importing the closure session registers its JAX user context, which lengthens
 # JAX's trace context: do it before the first cache key is made from that context.
 from .closure import session as _closure_session  # noqa: F401
-from .frontend.trace import innermost_function
+from .frontend.trace import innermost_function, traced_arg_shardings
 from .ir.program import Program
 from .jax_adapter import jit_resolved_argnums, manual_axis_type_of, on_clear_caches, trace_context
 
@@ -424,8 +424,24 @@ class JitFunction:
 
     # ---------------------------------------------------------- inspection
     def program(self, *args, **kwargs) -> Program:
-        """The program (after the pipeline) that runs for these arguments."""
-        return self._entry_for(args, kwargs)[1]
+        """The program (after the pipeline) that runs for these arguments, with
+        their placements on a device mesh (this ``jit``'s in_shardings, else the
+        committed arrays' shardings) as its ``arg_shardings``, as
+        :func:`jaxpr_cc.trace` records them, so that :func:`jaxpr_cc.compile`
+        lays the arguments out as this ``jit`` does."""
+        _, program, dyn_args, dyn_kwargs, _, leaves = self._entry_for(args, kwargs)
+        placed = traced_arg_shardings(tuple(dyn_args), dict(dyn_kwargs))
+        given = self._options.get("in_shardings")
+        if given is not None:
+            args_tree, kwargs_tree = program.in_tree.children()
+            flat_given = xla._flat_arg_shardings(program, given, args_tree, kwargs_tree)
+            placed = tuple(g if g is not None else (None if placed is None else placed[i])
+                           for i, g in enumerate(flat_given))
+            if all(s is None for s in placed):
+                placed = None
+        # The cached program is shared by every call with these types; the
+        # placements belong to these arguments (a shallow copy: passes copy).
+        return program if placed == program.arg_shardings else program.replace(arg_shardings=placed)
 
     def executable(self, *args, **kwargs) -> xla.Executable:
         """The program for these arguments compiled with :func:`jaxpr_cc.compile`,

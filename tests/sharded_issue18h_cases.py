@@ -111,7 +111,44 @@ def cases(out_dir: Path):
                             problems.append(f"{where}: value differs from jax.jit's")
         return problems
 
+    def jit_program_compiles_as_jit_places_it():
+        # jaxpr_cc.jit(f).program(args) records the arguments' mesh placements
+        # (committed arrays, or the jit's in_shardings), so that jaxpr_cc.compile
+        # of it, in memory and after save/load, lays them out as jax.jit does.
+        import tempfile
+        problems = []
+        for axis_type in (AxisType.Auto, AxisType.Explicit):
+            mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(axis_type,) * 2)
+            a = jax.device_put(jnp.arange(64.0).reshape(8, 8),
+                               jax.sharding.NamedSharding(mesh, P(None, "y")))
+            c = jax.device_put(jnp.arange(8.0), jax.sharding.NamedSharding(mesh, P("y")))
+            given = jax.sharding.NamedSharding(mesh, P("x", None))
+            host = np.arange(64.0, dtype=np.float32).reshape(8, 8)  # placed by in_shardings
+            for label, f, options, arg in (("sum", lambda a: a.sum(0), {}, a),
+                                           ("closes over c", lambda a: a * c, {}, a),
+                                           ("in_shardings", lambda a: a * c,
+                                            {"in_shardings": given}, host)):
+                want = jax.jit(f, **options)(arg)
+                program = jaxpr_cc.jit(f, **options).program(arg)
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = f"{tmp}/p.jaxprcc"
+                    jaxpr_cc.save(program, path)
+                    for how, p in (("in memory", program), ("loaded", jaxpr_cc.load(path))):
+                        where = f"{axis_type.name} {label} {how}"
+                        try:
+                            got = jaxpr_cc.compile(p)(arg)
+                        except Exception as e:  # noqa: BLE001 -- reported as a problem
+                            problems.append(f"{where}: {type(e).__name__}: {str(e)[:300]}")
+                            continue
+                        if not np.array_equal(np.asarray(got), np.asarray(want)):
+                            problems.append(f"{where}: value differs from jax.jit's")
+                        if not got.sharding.is_equivalent_to(want.sharding, want.ndim):
+                            problems.append(f"{where}: on {got.sharding}, jax.jit gives "
+                                            f"{want.sharding}")
+        return problems
+
     return {
+        "jit_program_compiles_as_jit_places_it": jit_program_compiles_as_jit_places_it,
         "vmap_of_shard_map_custom_vjp_with_constants":
             vmap_of_shard_map_custom_vjp_with_constants,
         "device_executable_kept_through_save_and_load":
@@ -119,7 +156,8 @@ def cases(out_dir: Path):
     }
 
 
-CASE_NAMES = ("vmap_of_shard_map_custom_vjp_with_constants",
+CASE_NAMES = ("jit_program_compiles_as_jit_places_it",
+              "vmap_of_shard_map_custom_vjp_with_constants",
               "device_executable_kept_through_save_and_load")
 
 
