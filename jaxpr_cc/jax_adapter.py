@@ -453,16 +453,23 @@ def compiled_fast_call(compiled):
     return call
 
 
-def named_sharding_from_hlo(sharding, mesh):
-    """The NamedSharding over ``mesh`` equivalent to a compiler-chosen sharding
-    (XLA reports propagated input shardings as ``GSPMDSharding``), or None when
-    ``sharding`` is of another kind or has no equivalent on ``mesh``.
+def named_sharding_from_hlo(sharding, mesh, ndim: int):
+    """The NamedSharding over ``mesh`` equivalent to ``sharding`` (of an array of
+    rank ``ndim``): a compiler-chosen one (XLA reports propagated input shardings
+    as ``GSPMDSharding``), or a NamedSharding on another mesh over the same
+    devices (a 1-D ``('d',)`` mesh and a 2-D ``('x', 'y')`` one); None when it
+    has no equivalent on ``mesh``.
 
     Saving a multi-device executable needs every sharding as a NamedSharding:
     that is what ``jax.export`` serializes and what can be rebuilt by device id.
     """
     if not isinstance(sharding, _xla_sharding_impls.GSPMDSharding):
-        return None
+        try:
+            sharding = _xla_sharding_impls.GSPMDSharding(
+                sharding._device_assignment, sharding._to_xla_hlo_sharding(ndim),
+                memory_kind=sharding.memory_kind)
+        except (AttributeError, ValueError, TypeError, AssertionError):
+            return None
     try:
         return _xla_sharding_impls._gspmd_to_named_sharding_via_mesh(sharding, mesh)
     except (ValueError, TypeError, AssertionError):

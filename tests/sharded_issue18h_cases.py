@@ -147,7 +147,37 @@ def cases(out_dir: Path):
                                             f"{want.sharding}")
         return problems
 
+    def executable_over_two_meshes_of_the_same_devices_saves():
+        # Arguments on a 2-D ('x', 'y') mesh and a 1-D ('d',) mesh over the same
+        # 8 devices in the same order: P('d') on one is P(('x', 'y')) on the
+        # other, so the executable saves (over one mesh) and its loaded copy
+        # gives jax.jit's values on equivalent placements.
+        import tempfile
+        m2 = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+        m1 = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+        a = jax.device_put(jnp.ones(8), jax.sharding.NamedSharding(m2, P(("x", "y"))))
+        b = jax.device_put(jnp.arange(8.0), jax.sharding.NamedSharding(m1, P("d")))
+
+        def g(a, b):
+            return a * 2, b + 1
+        want = jax.jit(g)(a, b)
+        problems = []
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                jaxpr_cc.jit(g).executable(a, b).save(f"{tmp}/g.jxe")
+                got = load_executable(f"{tmp}/g.jxe")(a, b)
+            except Exception as e:  # noqa: BLE001 -- reported as a problem
+                return [f"{type(e).__name__}: {str(e)[:300]}"]
+        for i, (r, w) in enumerate(zip(got, want)):
+            if not np.array_equal(np.asarray(r), np.asarray(w)):
+                problems.append(f"output {i}: value differs from jax.jit's")
+            if not r.sharding.is_equivalent_to(w.sharding, w.ndim):
+                problems.append(f"output {i}: on {r.sharding}, jax.jit gives {w.sharding}")
+        return problems
+
     return {
+        "executable_over_two_meshes_of_the_same_devices_saves":
+            executable_over_two_meshes_of_the_same_devices_saves,
         "jit_program_compiles_as_jit_places_it": jit_program_compiles_as_jit_places_it,
         "vmap_of_shard_map_custom_vjp_with_constants":
             vmap_of_shard_map_custom_vjp_with_constants,
@@ -156,7 +186,8 @@ def cases(out_dir: Path):
     }
 
 
-CASE_NAMES = ("jit_program_compiles_as_jit_places_it",
+CASE_NAMES = ("executable_over_two_meshes_of_the_same_devices_saves",
+              "jit_program_compiles_as_jit_places_it",
               "vmap_of_shard_map_custom_vjp_with_constants",
               "device_executable_kept_through_save_and_load")
 

@@ -768,8 +768,8 @@ def _as_named(s, mesh, aval, where: str):
     candidate = None
     if isinstance(s, NamedSharding) and s.mesh.shape_tuple == mesh.shape_tuple:
         candidate = NamedSharding(mesh, s.spec, memory_kind=s.memory_kind)
-    elif not isinstance(s, NamedSharding):
-        candidate = named_sharding_from_hlo(s, mesh)
+    else:  # another kind of sharding, or a mesh of another shape over the same devices
+        candidate = named_sharding_from_hlo(s, mesh, ndim)
     if candidate is None or not candidate.is_equivalent_to(s, ndim):
         raise SaveError(f"{where} is laid out as {s}, which has no equivalent NamedSharding "
                          f"on mesh {dict(mesh.shape)}")
