@@ -12,7 +12,11 @@ case is checked against JAX's own reverse mode (the user's bwd, run by
 - ``jax.scipy.sparse.linalg.cg`` in a bwd: its ``device_put`` of ``(b, x0)``
   moves each operand separately, so the solve's start is not linear;
 - a relative tolerance ``|dx| > rtol (1 + |x|)`` is a convergence test here
-  (the transposed iteration checks that a limit exists: none gives NaN).
+  (the transposed iteration checks that a limit exists: none gives NaN);
+- an iteration cap that stops the loop makes it a counted loop: the exact
+  transpose of the steps it ran, not the limit;
+- a loop whose previous-iterate carry starts equal to its iterate never runs:
+  refused rather than transposed as a limit.
 """
 import jax
 import jax.numpy as jnp
@@ -105,10 +109,9 @@ def test_a_relative_tolerance_is_a_convergence_test():
     np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-10)
 
 
-def test_an_iteration_without_a_limit_gives_nan_not_a_number():
-    # x <- -x + c g never converges; its relative test is never met either, but
-    # an iteration cap (k < 50) stops the user's loop.  The map has no limit:
-    # forward mode gives NaN rather than the transpose of 50 steps.
+def test_an_oscillation_stopped_by_its_cap_is_the_exact_transpose():
+    # x <- -x + c g never converges, and its relative test is never met: the
+    # cap (k < 50) stops it after 50 steps, at x = c g.  Exactly linear.
     def bwd(c, g):
         def body(t):
             k, _, x = t
@@ -119,4 +122,89 @@ def test_an_iteration_without_a_limit_gives_nan_not_a_number():
         _, _, x = lax.while_loop(cond, body, (0, jnp.zeros_like(g), c * g))
         return (x,)
     f = _sin_with_bwd(bwd)
+    want = jax.jacrev(f)(X)
+    np.testing.assert_allclose(want, np.diag(np.cos(np.asarray(X))), rtol=1e-12)
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-12)
+
+
+def test_an_iteration_without_a_limit_gives_nan():
+    # x <- x + c g grows until |dx| < 1e-3 (1 + |x|) stops it (about 1000
+    # steps); the iteration has no limit, so forward mode has nothing to
+    # transpose: NaN after the transposed iteration's step budget, not a number.
+    def bwd(c, g):
+        def body(t):
+            _, x = t
+            return x, x + c * g
+        def cond(t):
+            prev, x = t
+            return jnp.max(jnp.abs(x - prev)) > 1e-3 * (1.0 + jnp.max(jnp.abs(x)))
+        _, x = lax.while_loop(cond, body, (jnp.zeros_like(g), c * g))
+        return (x,)
+    f = _sin_with_bwd(bwd)
+    assert np.all(np.isfinite(np.asarray(jax.jacrev(f)(X))))
     assert np.all(np.isnan(np.asarray(jax.jacfwd(jaxpr_cc.jit(f))(X))))
+
+
+def _capped_contraction_bwd(cap, tol=1e-12):
+    def bwd(c, g):
+        def body(t):
+            k, _, x = t
+            return k + 1, x, 0.9 * x + c * g
+        def cond(t):
+            k, prev, x = t
+            return (jnp.max(jnp.abs(x - prev)) > tol) & (k < cap)
+        _, _, x = lax.while_loop(cond, body, (0, jnp.zeros_like(g), c * g))
+        return (x,)
+    return bwd
+
+
+@pytest.mark.parametrize("cap", [0, 1, 5, 40])
+def test_an_iteration_cap_that_stops_the_loop_is_the_exact_transpose(cap):
+    # x_k = 0.9^k c g + sum_{j<k} 0.9^j c g stops at the cap long before the
+    # change reaches 1e-12: the bwd is exactly the k-step map, whose Jacobian
+    # jacfwd must give (not the limit 10 c).
+    f = _sin_with_bwd(_capped_contraction_bwd(cap))
+    want = jax.jacrev(f)(X)
+    factor = 0.9 ** cap + sum(0.9 ** j for j in range(cap))
+    np.testing.assert_allclose(want, np.diag(factor * np.cos(np.asarray(X))), rtol=1e-12)
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-12)
+    np.testing.assert_allclose(jax.jvp(jaxpr_cc.jit(f), (X,), (jnp.ones(2),))[1],
+                               want @ np.ones(2), rtol=1e-12)
+
+
+def test_a_cap_that_convergence_beats_gives_the_limit():
+    f = _sin_with_bwd(_capped_contraction_bwd(10_000, tol=1e-14))
+    want = jax.jacrev(f)(X)
+    np.testing.assert_allclose(want, np.diag(10 * np.cos(np.asarray(X))), rtol=1e-12)
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-12)
+
+
+def test_a_loop_whose_previous_iterate_starts_equal_is_refused():
+    # (prev, x) = (c g, c g): the change test is met at once, the bwd returns
+    # its start c g; the limit would be 2 c g.  Refused, not the limit.
+    def bwd(c, g):
+        def body(t):
+            _, x = t
+            return x, 0.5 * x + c * g
+        _, x = lax.while_loop(lambda t: jnp.max(jnp.abs(t[1] - t[0])) > 1e-12, body,
+                              (c * g, c * g))
+        return (x,)
+    f = _sin_with_bwd(bwd)
+    with pytest.raises(ForwardModeRefusedError, match="starts equal to carry"):
+        jax.jacfwd(jaxpr_cc.jit(f))(X)
+    np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(X), jax.jacrev(f)(X), rtol=1e-15)
+
+
+def test_a_slow_contraction_reaches_its_limit():
+    # Rate 1 - 1e-4: about 4e5 transposed steps to settle in float64.
+    def bwd(c, g):
+        def body(t):
+            _, x = t
+            return x, (1 - 1e-4) * x + c * g
+        _, x = lax.while_loop(lambda t: jnp.max(jnp.abs(t[1] - t[0])) > 1e-9, body,
+                              (jnp.zeros_like(g), c * g))
+        return (x,)
+    f = _sin_with_bwd(bwd)
+    limit = np.diag(1e4 * np.cos(np.asarray(X)))  # c / (1 - rate)
+    np.testing.assert_allclose(jax.jacrev(f)(X), limit, rtol=1e-4)  # the user's tolerance
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), limit, rtol=1e-10)

@@ -125,6 +125,8 @@ _RELATIVE = ("the change of the iterate is compared with (or scaled by) a value 
              "(x <- x + t stops once |x| > |t| / rtol)")
 #: hints key: relative tolerances are accepted (convergence_test's ``relative``).
 _RELATIVE_OK = "relative tolerances accepted"
+#: hints key: a dict that receives every value's tag (see loop_cap).
+_TAGS = "tags"
 
 
 def _finite_literal(atom, nonzero: bool) -> bool:
@@ -235,6 +237,8 @@ def _interpret(jaxpr, in_tags: Sequence[_Tag], seeds: dict | None = None,
         outs = _transfer(eqn, [read(a) for a in eqn.invars], eqn.invars, notes, hints)
         for v, t in zip(eqn.outvars, outs):
             env[v] = seeded(v, t)
+    if hints is not None and _TAGS in hints:
+        hints[_TAGS].update(env)
     return [read(a) for a in jaxpr.outvars]
 
 
@@ -432,8 +436,8 @@ def _carry_tags(kinds, copies) -> list[_Tag]:
 
 def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
                      copies: dict[int, int], cap_joins: dict | None = None,
-                     operands: Sequence | None = None, relative: bool = False
-                     ) -> tuple[set[int], set[int]] | str:
+                     operands: Sequence | None = None, relative: bool = False,
+                     tags: dict | None = None) -> tuple[set[int], set[int]] | str:
     """``(covered, gaps)``: the state carries whose convergence the exit test
     checks, and the carries that hold a convergence gap the body computes; or a
     one-line reason the condition is not a convergence test.  ``operands`` (the
@@ -441,7 +445,8 @@ def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
     update ``T(x)`` be recognized (a residual ``x - T(x)``): the same equations
     on the same operands.  ``relative`` accepts tolerances that read the iterate
     (``|dx| > rtol |x|``), for a caller that checks by other means that the
-    iteration has a limit (see _RELATIVE)."""
+    iteration has a limit (see _RELATIVE).  ``tags``, if given, receives the
+    tag of every value of the condition and the body (see ``loop_cap``)."""
     m = len(kinds)
     carry_in = _carry_tags(kinds, copies)
     body_in = [_FIXED] * body_n + [_Tag("old", frozenset({i})) if k == STATE else
@@ -451,6 +456,8 @@ def convergence_test(cond, cond_n: int, body, body_n: int, kinds: list[str],
         _update_images(cond, cond_n, body, body_n, kinds, operands)
     body_seeds.update(_body_seeds(body, body_n, kinds))
     hints: dict = {_RELATIVE_OK: True} if relative else {}
+    if tags is not None:
+        hints[_TAGS] = tags
     body_out = _interpret(body, body_in, body_seeds, hints=hints)
     gaps: set[int] = set()
     cond_in = list(carry_in)
@@ -592,3 +599,58 @@ def _update_images(cond, cond_n: int, body, body_n: int, kinds: list[str], opera
 def _cond_reads(cond, cond_n: int, m: int) -> list[int]:
     _, used = jx.dce_jaxpr(cond, [True])
     return [i for i in range(m) if used[cond_n + i]]
+
+
+def loop_cap(cond, tags: dict):
+    """``cap(cond_consts_and_carries) -> bool``: the exit test of a loop whose
+    convergence test was read (``tags`` from ``convergence_test``) with that test
+    held at "not converged" -- what is left is its iteration cap (``k < max``,
+    read from counters and constants); None when there is none.  A loop with a
+    cap may stop before it converges, after exactly as many steps as the cap
+    allows whatever its carries hold."""
+    def is_test(v) -> bool:
+        t = tags.get(v)
+        return t is not None and t.kind in ("big", "small")
+
+    def reads_cap(jaxpr) -> bool:
+        for eqn in jaxpr.eqns:
+            sub = sub_jaxpr(eqn)
+            if sub is not None and reads_cap(sub):
+                return True
+            if eqn.primitive.name in ("and", "or") and any(is_test(a) for a in eqn.invars) \
+                    and any(tags.get(a, _FIXED).kind == "fixed" for a in eqn.invars
+                            if not isinstance(a, jx.Literal)):
+                return True
+        return False
+
+    if not reads_cap(cond):
+        return None
+
+    def run(jaxpr, consts, args):
+        env = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+
+        def read(a):
+            return a.val if isinstance(a, jx.Literal) else env[a]
+
+        for eqn in jaxpr.eqns:
+            sub = sub_jaxpr(eqn)
+            if sub is not None and len(sub.invars) == len(eqn.invars):
+                params = next(eqn.params[k] for k in CALL_PARAMS if eqn.params.get(k) is not None)
+                outs = run(sub, getattr(params, "consts", ()), [read(a) for a in eqn.invars])
+            elif all(is_test(v) for v in eqn.outvars) and not any(
+                    is_test(a) for a in eqn.invars if not isinstance(a, jx.Literal)):
+                # The comparison that makes the test, held at "not converged": a
+                # big test holds, a small one does not (the and/or/not joining
+                # it with the cap are evaluated).
+                outs = [jnp.full(v.aval.shape, tags[v].kind == "big") for v in eqn.outvars]
+            else:
+                outs = jx.eval_equation(eqn, [read(a) for a in eqn.invars])
+            env.update(zip(eqn.outvars, outs))
+        return [read(a) for a in jaxpr.outvars]
+
+    def cap(consts, args):
+        (result,) = run(cond, consts, list(args))
+        return result
+
+    return cap

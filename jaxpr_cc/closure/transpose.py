@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import jax_adapter as jx
 from ..jax_adapter import ClosedJaxpr, Literal
-from .convergence import STATE, carry_kinds, convergence_test
+from .convergence import STATE, carry_kinds, convergence_test, loop_cap
 
 
 class NotTransposableError(ValueError):
@@ -697,7 +697,7 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
                 return (Problem(eqn, f"the while_loop body sets carry {k} to a value that "
                                      f"{_AFFINE}"), None)
     if check and converges and any(lin):
-        reason = _not_a_convergence_test(eqn, lin)
+        reason = _read_convergence_test(eqn, lin)
         if reason is not None:
             return (Problem(eqn, f"a while_loop that stops on a test of the linear input, so "
                                  f"its trip count depends on it, and {reason}: it is not the "
@@ -707,23 +707,26 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
                              "linear update reads a carry that does not carry it (a counter or "
                              "coefficient: the map changes from step to step, so the loop does "
                              "not iterate one linear map to its fixed point)"), None)
-    if converges and check and any(not f and v in used for f, v in zip(lin, eqn.outvars)):
-        return (Problem(eqn, "the trip count (or another non-linear carry) of a while_loop that "
-                             "stops on a test of the linear input is used: it depends on the "
-                             "linear input"), None)
+    read_after = [k for k, (f, v) in enumerate(zip(lin, eqn.outvars)) if not f and v in used]
+    if converges and check and read_after:
+        k = read_after[0]
+        return (Problem(eqn, f"carry {k} ({eqn.outvars[k].aval.str_short()}) of a while_loop "
+                             f"that stops on a test of the linear input is used after the loop; "
+                             f"it does not carry the linear input, but its final value depends "
+                             f"on the trip count, which does"), None)
     if converges and not any(lin[k] for k in range(len(lin))):
         converges = False
     return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges, varying, affine)
 
 
-def _not_a_convergence_test(eqn, lin) -> str | None:
+def _read_convergence_test(eqn, lin, tags: dict | None = None) -> str | None:
     """Why the exit test of a while_loop whose carries marked ``lin`` carry the
     linear input is not a convergence test of them, or None when it is (see
     ``closure.convergence``: the change between iterations, a residual or a
-    vanishing step, above a tolerance, optionally capped).  Such a
-    loop computes the limit of its iteration, a linear map; any other test on the
+    vanishing step, above a tolerance, optionally capped).  Such a loop
+    computes the limit of its iteration, a linear map; any other test on the
     linear carries makes the trip count, and so the map, depend on them
-    (``while |g| > 1: g = g / 2``)."""
+    (``while |g| > 1: g = g / 2``).  ``tags`` receives the reading."""
     p = eqn.params
     cc, bc = p["cond_nconsts"], p["body_nconsts"]
     body, cond = p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr
@@ -731,11 +734,19 @@ def _not_a_convergence_test(eqn, lin) -> str | None:
     if isinstance(classified, str):
         return classified
     kinds, copies = classified
+    carries_in = eqn.invars[cc + bc:]
+    for i, j in copies.items():
+        if lin[i] and carries_in[i] is carries_in[j]:
+            # (x_prev, x) = (g, g): the change test is met before the first
+            # step, so the loop returns its start, not its limit.
+            return (f"carry {i} (the previous iterate) starts equal to carry {j}, so the "
+                    f"change between them is zero before the first step and the loop "
+                    f"returns its start rather than iterating")
     # A relative tolerance is accepted: an iteration without a limit (one that
     # grows until |dx| < rtol |x|) is caught where the transposed iteration
     # runs to its limit (_transposed_limit gives NaN when there is none).
     test = convergence_test(cond, cc, body, bc, kinds, copies, operands=list(eqn.invars),
-                            relative=True)
+                            relative=True, tags=tags)
     if isinstance(test, str):
         return test
     covered, gaps = test
@@ -746,6 +757,18 @@ def _not_a_convergence_test(eqn, lin) -> str | None:
                 f"{', '.join(map(str, missing))}, which the iteration also updates")
     return None
 
+
+def _iteration_cap(eqn, lin):
+    """The exit test of a loop to convergence with its convergence test held at
+    "not converged" (``closure.convergence.loop_cap``), or None without a cap."""
+    tags: dict = {}
+    if _read_convergence_test(eqn, lin, tags) is not None:
+        return None
+    cond = eqn.params["cond_jaxpr"]
+    cap = loop_cap(cond.jaxpr, tags)
+    if cap is None:
+        return None
+    return lambda args: cap(cond.consts, args)
 
 def _while_linearity(eqn, flags, zeros, used):
     problem, split = _while_split(eqn, flags, zeros, used)
@@ -949,6 +972,8 @@ def _bind_linear_while(eqn, invals, flags, used):
         g_c, g_l = jax.linear_transpose(step, *examples)(list(w))
         return list(g_c), list(g_l)
 
+    cap = _iteration_cap(eqn, carry_lin) if split.converges else None
+
     def stop_test(cv, n_vals, l_vals):
         carries = merge(carry_lin, l_vals, n_vals)
         pred = jx.eval_jaxpr(cond.jaxpr, cond.consts, *cv, *carries)[0]
@@ -960,8 +985,14 @@ def _bind_linear_while(eqn, invals, flags, used):
         cv, nl_consts, n_init = split_res(r)
         l_bar = list(cts)
         if split.converges:
+            cap_ok = None
+            if cap is not None:
+                def cap_ok(n_vals):
+                    pred = cap([*cv, *merge(carry_lin, zeros_of(lin_carry_avals), n_vals)])
+                    return jnp.any(pred) if jnp.ndim(pred) else pred
             return [*_transposed_limit(functools.partial(body_t, nl_consts, list(n_init)),
-                                       l_bar, lin_const_avals)]
+                                       l_bar, lin_const_avals, n_init,
+                                       functools.partial(body_n, nl_consts), cap_ok)]
 
         def count_cond(state):
             n_vals, _ = state
@@ -1019,13 +1050,13 @@ def _bind_linear_while(eqn, invals, flags, used):
     return outs, list(carry_lin)
 
 
-#: Steps after which the transposed iteration of a loop to convergence gives up
-#: (its results are then NaN): an iteration that neither converges nor
-#: overflows (a rotation) would otherwise run forever.
-_LIMIT_STEPS = 1 << 20
+#: Steps after which the transposed iteration of a loop to convergence without
+#: an iteration cap gives up (its results are then NaN): an iteration that
+#: neither converges nor overflows (a rotation) would otherwise run forever.
+_LIMIT_STEPS = 1 << 24
 
 
-def _transposed_limit(step_t, l_bar, const_avals):
+def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
     """Cotangents ``(B^T s, v)`` of a loop ``x <- M x + B c`` run to its limit:
     ``s = sum_j (M^T)^j l_bar`` and ``v = lim (M^T)^N l_bar``, the cotangents of
     the linear loop constants ``c`` and of the start ``x_0``.  ``step_t(v)`` is
@@ -1036,9 +1067,13 @@ def _transposed_limit(step_t, l_bar, const_avals):
     transposed iteration runs until neither cotangent changes at working
     precision.  ``v`` vanishes for a contraction (the start does not matter)
     and keeps the parts of the start that persist (a Neumann sum's accumulator
-    is its start plus the terms).  The user's exit test is not reused: it
-    measures the forward iterate (its change, a residual, a vanishing term),
-    which the transposed state is not."""
+    is its start plus the terms).  The user's convergence test is not reused:
+    it measures the forward iterate (its change, a residual, a vanishing term),
+    which the transposed state is not.  Its iteration cap is: ``cap_ok(n)``
+    (None: no cap) on the other carries ``n`` (``n_step`` steps them from
+    ``n_init``) says whether the loop may take another step.  A loop stopped by
+    its cap ran exactly that many steps, whatever the linear input: the
+    transposed iteration stops there too, the exact transpose of those steps."""
     def size(xs):
         return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0).astype(jnp.float32)
                                               for x in xs], jnp.float32(0))
@@ -1049,24 +1084,28 @@ def _transposed_limit(step_t, l_bar, const_avals):
             jnp.maximum, [(jnp.max(jnp.abs(x), initial=0.0) / jnp.finfo(x.dtype).eps)
                           .astype(jnp.float32) for x in xs], jnp.float32(0))
 
+    def may_step(n_vals):
+        return jnp.bool_(True) if cap_ok is None else cap_ok(n_vals)
+
     def keep_going(state):
-        _, _, change, k = state
-        return jnp.logical_and(change, k < _LIMIT_STEPS)
+        _, _, n_vals, change, k = state
+        return functools.reduce(jnp.logical_and, [change, may_step(n_vals), k < _LIMIT_STEPS])
 
     def step(state):
-        v, acc, _, k = state
+        v, acc, n_vals, _, k = state
         g_c, v_new = step_t(v)
         acc_new = [a + g for a, g in zip(acc, g_c)]
         moved = scaled_size([*[a - b for a, b in zip(v_new, v)], *g_c])
         # `moved > scale` is False for NaN: a diverging iteration stops too.
         change = moved > size([*v_new, *acc_new, *l_bar])
-        return list(v_new), acc_new, change, k + 1
+        return list(v_new), acc_new, n_step(n_vals), change, k + 1
 
     acc0 = [jnp.zeros(a.shape, a.dtype) for a in const_avals]
-    v, acc, change, _ = jax.lax.while_loop(keep_going, step,
-                                           (list(l_bar), acc0, jnp.bool_(True), jnp.int32(0)))
-    # Still changing after _LIMIT_STEPS: not converged, no limit to give.
-    return [jnp.where(change, jnp.nan, x).astype(x.dtype) for x in [*acc, *v]]
+    v, acc, n_vals, change, _ = jax.lax.while_loop(
+        keep_going, step, (list(l_bar), acc0, list(n_init), jnp.bool_(True), jnp.int32(0)))
+    # Still changing, and not stopped by the cap: no limit to give.
+    unsettled = jnp.logical_and(change, may_step(n_vals))
+    return [jnp.where(unsettled, jnp.nan, x).astype(x.dtype) for x in [*acc, *v]]
 
 
 def _bind_rule(eqn, callee, transpose, res, lin, ct_avals):
