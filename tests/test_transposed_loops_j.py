@@ -208,3 +208,39 @@ def test_a_slow_contraction_reaches_its_limit():
     limit = np.diag(1e4 * np.cos(np.asarray(X)))  # c / (1 - rate)
     np.testing.assert_allclose(jax.jacrev(f)(X), limit, rtol=1e-4)  # the user's tolerance
     np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), limit, rtol=1e-10)
+
+
+@pytest.mark.parametrize("carried", ["gap", "flag"])
+def test_a_convergence_gap_the_body_carries_is_read_as_the_test(carried):
+    # The body carries max|x_new - x| (or the flag "it is still > tol"): a
+    # nonlinear function of the cotangent that only the stopping test reads.
+    def bwd(c, g):
+        b = c * g
+        def body(t):
+            _, x = t
+            xn = 0.5 * x + b
+            gap = jnp.max(jnp.abs(xn - x))
+            return (gap if carried == "gap" else gap > 1e-13), xn
+        start = jnp.inf if carried == "gap" else True
+        cond = (lambda t: t[0] > 1e-13) if carried == "gap" else (lambda t: t[0])
+        _, x = lax.while_loop(cond, body, (start, b))
+        return (x,)
+    f = _sin_with_bwd(bwd)
+    want = jax.jacrev(f)(X)
+    np.testing.assert_allclose(want, np.diag(2 * np.cos(np.asarray(X))), rtol=1e-12)
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-12)
+
+
+def test_a_carried_value_of_the_cotangent_tested_by_the_loop_is_refused():
+    # The body carries |x| itself (not a change) and the loop runs while it is
+    # above 1: the trip count depends on the cotangent's size.
+    def bwd(c, g):
+        def body(t):
+            _, x = t
+            x = 0.5 * x
+            return jnp.max(jnp.abs(x)), x
+        _, x = lax.while_loop(lambda t: t[0] > 1.0, body, (jnp.inf, c * g))
+        return (x,)
+    f = _sin_with_bwd(bwd)
+    with pytest.raises(ForwardModeRefusedError, match="not a convergence test"):
+        jax.jacfwd(jaxpr_cc.jit(f))(X)

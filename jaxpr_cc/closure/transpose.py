@@ -632,10 +632,10 @@ class _WhileSplit:
     """How a while_loop reads the linear input: which loop constants and carries
     carry it, and whether its stopping test reads them (a loop to convergence)."""
     __slots__ = ("cc", "bc", "const_lin", "carry_lin", "carry_zero", "converges", "varying",
-                 "carry_affine")
+                 "carry_affine", "linear_body")
 
     def __init__(self, cc, bc, const_lin, carry_lin, carry_zero, converges, varying,
-                 carry_affine=None):
+                 carry_affine=None, linear_body=None):
         self.cc, self.bc = cc, bc
         self.const_lin, self.carry_lin = const_lin, carry_lin
         self.carry_zero, self.converges = carry_zero, converges
@@ -643,6 +643,9 @@ class _WhileSplit:
         # Linear carries with a constant part: they start from (or the body sets
         # them to) a value that does not carry the linear input and is not zero.
         self.carry_affine = carry_affine or [False] * len(carry_lin)
+        # The body whose linear map the loop iterates (test-only carries, such
+        # as a convergence gap, passed through): what is transposed.
+        self.linear_body = linear_body
 
 
 def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
@@ -658,6 +661,15 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
     init_lin, init_zero = list(flags[carry]), list(zeros[carry])
     lin, zero = list(init_lin), list(init_zero)
     const_zero = list(zeros[cc:cc + bc])
+    # Carries only the stopping test reads (a gap |x_new - x| or a "not
+    # converged" flag the body computes and carries) are not part of the linear
+    # map, only of its trip count: the body's linearity is that of the body
+    # without them (they pass through), and whether the test is a convergence
+    # test is read below.
+    full_body = body
+    test_only = _test_only_carries(body, bc, eqn.outvars, used)
+    if any(test_only):
+        body = _passing_through(body, bc, test_only)
     with _lenient():
         while True:
             _, outs, out_zero = _scan(body, const_lin + lin, const_zero + zero,
@@ -684,7 +696,10 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
         _MERGED[0] += 1
     reads_n = _reaches(body, [False] * bc + [not f for f in lin])
     varying = any(r and f for r, f in zip(reads_n, lin))
-    converges = any(_reaches(cond, [False] * cc + lin))
+    # A test-only carry computed from the linear carries makes a test of them.
+    tainted = [t and (f or r) for t, f, r in
+               zip(test_only, init_lin, _reaches(full_body, const_lin + lin))]
+    converges = any(_reaches(cond, [False] * cc + [f or t for f, t in zip(lin, tainted)]))
     if check and converges:
         for k, flag in enumerate(lin):
             if not flag:
@@ -716,7 +731,30 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
                              f"on the trip count, which does"), None)
     if converges and not any(lin[k] for k in range(len(lin))):
         converges = False
-    return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges, varying, affine)
+    return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges, varying, affine, body)
+
+
+def _test_only_carries(body, bc: int, outvars, used) -> list[bool]:
+    """Carries that nothing after the loop reads (``used``) and whose value no
+    other carry's update reads: only the stopping test can read them."""
+    n = len(body.outvars)
+    found = []
+    for i in range(n):
+        if outvars[i] in used:
+            found.append(False)
+            continue
+        reached = _reaches(body, [j == bc + i for j in range(len(body.invars))])
+        found.append(not any(r for j, r in enumerate(reached) if j != i))
+    return found
+
+
+def _passing_through(body, bc: int, carries: list[bool]):
+    """``body`` with the marked carries passed through unchanged (what computed
+    them becomes dead code)."""
+    outvars = [body.invars[bc + i] if flag else v
+               for i, (v, flag) in enumerate(zip(body.outvars, carries))]
+    return jx.Jaxpr(body.constvars, body.invars, outvars, body.eqns, body.effects,
+                    body.debug_info)
 
 
 def _read_convergence_test(eqn, lin, tags: dict | None = None) -> str | None:
@@ -895,7 +933,7 @@ def _run_scan(eqn, invals, flags):
 
 def _bind_linear_while(eqn, invals, flags, used):
     zeros = [isinstance(a, Literal) and _is_zero_literal(a) for a in eqn.invars]
-    _, split = _while_split(eqn, flags, zeros, check=False)
+    _, split = _while_split(eqn, flags, zeros, used, check=False)
     p = eqn.params
     cc, bc = split.cc, split.bc
     body, cond = p["body_jaxpr"], p["cond_jaxpr"]
@@ -965,7 +1003,7 @@ def _bind_linear_while(eqn, invals, flags, used):
         """(B^T w, M^T w): the transposed step."""
         def step(lc, lcar):
             full = [*merge(const_lin, lc, nl_consts), *merge(carry_lin, lcar, n_vals)]
-            outs = eval_linear(body.jaxpr, body.consts, full, [*const_lin, *carry_lin])
+            outs = eval_linear(split.linear_body, body.consts, full, [*const_lin, *carry_lin])
             return [o for o, f in zip(outs, carry_lin) if f]
         examples = ([_example(a) for a in lin_const_avals],
                     [_example(a) for a in lin_carry_avals])
