@@ -272,7 +272,7 @@ def _squares(g, s, x):
 
 
 @pytest.mark.parametrize("bwd_map,reason", [
-    (_stop_on_input, "stopping test reads a value computed from the linear input"),
+    (_stop_on_input, "stops on a test of the linear input, so its trip count depends on it"),
     (_varying_to_convergence, "stops on a test of the linear input and whose linear update"),
     (_squares, "'mul' of two values that both depend on the linear input"),
 ], ids=["stop_on_input", "varying_to_convergence", "squares"])

@@ -244,3 +244,29 @@ def test_a_carried_value_of_the_cotangent_tested_by_the_loop_is_refused():
     f = _sin_with_bwd(bwd)
     with pytest.raises(ForwardModeRefusedError, match="not a convergence test"):
         jax.jacfwd(jaxpr_cc.jit(f))(X)
+
+
+def test_a_residual_test_whose_map_reads_the_cotangent():
+    # while |x - T(x)| > tol: x = T(x), with T(x) = 0.5 x + c g: the stopping
+    # test reads the cotangent through T's constant c g, as a residual.
+    def bwd(c, g):
+        b = c * g
+        def T(x):
+            return 0.5 * x + b
+        return (lax.while_loop(lambda x: jnp.max(jnp.abs(x - T(x))) > 1e-13, T, b),)
+    f = _sin_with_bwd(bwd)
+    want = jax.jacrev(f)(X)
+    np.testing.assert_allclose(want, np.diag(2 * np.cos(np.asarray(X))), rtol=1e-12)
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-12)
+
+
+def test_a_threshold_on_a_value_read_through_the_tests_constants_is_refused():
+    # while |x| > |c g| / 8: x = x / 2 -- a scale-invariant value test, not
+    # a residual: refused.
+    def bwd(c, g):
+        b = c * g
+        return (lax.while_loop(lambda x: jnp.max(jnp.abs(x)) > jnp.max(jnp.abs(b)) / 8,
+                               lambda x: 0.5 * x, b),)
+    f = _sin_with_bwd(bwd)
+    with pytest.raises(ForwardModeRefusedError, match="linear input"):
+        jax.jacfwd(jaxpr_cc.jit(f))(X)

@@ -571,7 +571,11 @@ def _update_images(cond, cond_n: int, body, body_n: int, kinds: list[str], opera
         return numbers.literal(a) if isinstance(a, jx.Literal) else numbers.intern(("operand", id(a)))
 
     m = len(kinds)
-    carry_numbers = [numbers.intern(("carry", i)) for i in range(m)]
+    # A carry the body passes through holds its start at every step: numbered
+    # as that operand (a value the condition reads as a carry and the body as
+    # a constant is the same value).
+    carry_numbers = [outer(cond_n + body_n + i) if kinds[i] == INVARIANT
+                     else numbers.intern(("carry", i)) for i in range(m)]
     body_consts = [outer(cond_n + k) for k in range(body_n)]
     once = numbers.run(body, body_consts + carry_numbers)
 

@@ -652,10 +652,18 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
     """``(problem, split)`` for a while_loop whose operands are marked ``flags``."""
     p = eqn.params
     cc, bc = p["cond_nconsts"], p["body_nconsts"]
-    body, cond = p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr
     if any(flags[:cc]):
-        return Problem(eqn, "a while_loop whose stopping test reads a value computed from the "
-                            "linear input other than its carries"), None
+        # The test reads the linear input through its constants (a residual
+        # |x - T(x)| whose T reads it): read it as a test of carries the body
+        # passes through.
+        eqn, order = _cond_constants_carried(eqn, flags)
+        flags, zeros = [flags[i] for i in order], [zeros[i] for i in order]
+        problem, split = _while_split(eqn, flags, zeros, used, check=check)
+        if split is not None and not split.converges:
+            return Problem(eqn, "a while_loop whose stopping test reads a value computed from "
+                                "the linear input other than its carries"), None
+        return problem, split
+    body, cond = p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr
     const_lin = list(flags[cc:cc + bc])
     carry = slice(cc + bc, None)
     init_lin, init_zero = list(flags[carry]), list(zeros[carry])
@@ -732,6 +740,32 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
     if converges and not any(lin[k] for k in range(len(lin))):
         converges = False
     return None, _WhileSplit(cc, bc, const_lin, lin, zero, converges, varying, affine, body)
+
+
+def _cond_constants_carried(eqn, flags):
+    """``(loop, order)``: ``eqn`` with its stopping test's constants marked in
+    ``flags`` moved to carries the body passes through (the same loop), and the
+    order of its operands among ``eqn``'s."""
+    p = eqn.params
+    cc, bc = p["cond_nconsts"], p["body_nconsts"]
+    moved = [i for i in range(cc) if flags[i]]
+    kept = [i for i in range(cc) if not flags[i]]
+    cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+    cj, bj = cond.jaxpr, body.jaxpr
+    cond_j = jx.Jaxpr(cj.constvars, [cj.invars[i] for i in kept] + cj.invars[cc:] +
+                      [cj.invars[i] for i in moved], cj.outvars, cj.eqns, cj.effects,
+                      cj.debug_info)
+    passed = [jx.Var(cj.invars[i].aval) for i in moved]
+    body_j = jx.Jaxpr(bj.constvars, list(bj.invars) + passed, list(bj.outvars) + passed,
+                      bj.eqns, bj.effects,
+                      jx.fit_debug_info(bj.debug_info, len(bj.invars) + len(passed),
+                                        len(bj.outvars) + len(passed)))
+    order = kept + list(range(cc, len(eqn.invars))) + moved
+    params = dict(p, cond_nconsts=len(kept), cond_jaxpr=ClosedJaxpr(cond_j, cond.consts),
+                  body_jaxpr=ClosedJaxpr(body_j, body.consts))
+    outvars = list(eqn.outvars) + [jx.Var(eqn.invars[i].aval) for i in moved]
+    return eqn.replace(invars=[eqn.invars[i] for i in order], outvars=outvars,
+                       params=params), order
 
 
 def _test_only_carries(body, bc: int, outvars, used) -> list[bool]:
@@ -932,6 +966,12 @@ def _run_scan(eqn, invals, flags):
 
 
 def _bind_linear_while(eqn, invals, flags, used):
+    n_results = len(eqn.outvars)
+    if any(flags[:eqn.params["cond_nconsts"]]):
+        eqn, order = _cond_constants_carried(eqn, flags)
+        invals, flags = [invals[i] for i in order], [flags[i] for i in order]
+        outs, out_flags = _bind_linear_while(eqn, invals, flags, used)
+        return outs[:n_results], out_flags[:n_results]
     zeros = [isinstance(a, Literal) and _is_zero_literal(a) for a in eqn.invars]
     _, split = _while_split(eqn, flags, zeros, used, check=False)
     p = eqn.params
