@@ -234,21 +234,18 @@ def _dense(t, aval):
     return t
 
 
-@tree_util.register_pytree_node_class
-class _Saved:
-    """Residuals of a rebuilt VJP: the closed-over values, the user's residuals, and
-    (for derivatives w.r.t. closed-over values) the primal arguments.  ``mode`` is
-    static, so the bwd knows which derivative to form without recomputing it."""
+def _layout_marker(index: int):
+    """A zero-size residual whose shape ``(0, index)`` names the fwd layout its
+    residuals were saved in.  A shape survives every transformation and staging
+    between fwd and bwd (jit, scan, vmap, JAX's memoized fwd of a staged equation),
+    where the residuals' tree does not (see ``build_custom_vjp``)."""
+    # Made by an equation, not held as a constant: a fwd traced for one pattern
+    # must not read a constant the others do not (frontend/staged_rules.py).
+    return jax.lax.full((0, index), False)
 
-    def __init__(self, mode, consts, res, args):
-        self.mode, self.consts, self.res, self.args = mode, consts, res, args
 
-    def tree_flatten(self):
-        return (self.consts, self.res, self.args), self.mode
-
-    @classmethod
-    def tree_unflatten(cls, mode, children):
-        return cls(mode, *children)
+def _marked_layout(marker) -> int:
+    return int(np.shape(marker)[1])
 
 
 def _real_directions(value):
@@ -508,6 +505,19 @@ def build_custom_vjp(rule: VJPRule):
     fwd_by_pattern = {pattern: (f, n) for pattern, f, n in rule.fwd_variants}
     bwd_by_pattern = {(family, ct): b for family, ct, b in rule.bwd_variants}
 
+    # Which fwd ran, and what bwd needs to know about it, travels in the residuals'
+    # values, not in their pytree structure: JAX stages a custom_vjp equation once
+    # and memoizes its fwd per perturbation pattern, but hands bwd the residual tree
+    # of whichever pattern was traced last.  An equation staged by make_jaxpr (as
+    # equinox's closure conversion does) and then differentiated with patterns A, B,
+    # A runs A's fwd and B's bwd (equinox's nested checkpointed loops: diffrax's
+    # Runge-Kutta stage loop).  So the tree is one flat tuple whose layout does not
+    # depend on the pattern -- a layout marker, every input, then the residuals of
+    # the rule's own -- and the marker's shape names the layout (``layouts``).
+    layouts: list = []
+    layout_index: dict = {}
+    n_in = len(in_avals)
+
     def fwd(*prims):
         vals = [p.value for p in prims]
         mode = info.const_mode("vjp", [p.perturbed for p in prims[:nc]], const_avals)
@@ -523,14 +533,26 @@ def build_custom_vjp(rule: VJPRule):
             chosen, family = (made[0], ("made", family)) if made is not None else (rule.fwd, ())
         outs_res = run(chosen, *vals)
         outs, res = outs_res[:n_out], outs_res[n_out:]
-        keep_args = tuple(vals[nc:]) if mode != "none" else ()
         hot = tuple(i for i, p in enumerate(prims[:nc]) if p.perturbed)
         args_hot = any(p.perturbed for p in prims[nc:])
-        return list(outs), _Saved((mode, hot, args_hot, family), tuple(vals[:nc]), tuple(res),
-                                  keep_args)
+        # Inputs are saved whatever the pattern (JAX forwards them, so they cost no
+        # fwd output), and a residual that is an input is read from them: the
+        # residuals JAX forwards are then the same for every pattern too.
+        position = {id(v): k for k, v in enumerate(vals)}
+        res_from = tuple(position.get(id(r)) for r in res)
+        own = [r for r, k in zip(res, res_from) if k is None]
+        layout = (mode, hot, args_hot, family, res_from)
+        index = layout_index.get(layout)
+        if index is None:
+            index = layout_index[layout] = len(layouts)
+            layouts.append(layout)
+        return list(outs), (_layout_marker(index), *vals, *own)
 
     def bwd(saved, cts):
-        mode, hot, args_hot, family = saved.mode
+        mode, hot, args_hot, family, res_from = layouts[_marked_layout(saved[0])]
+        inputs, own = list(saved[1:1 + n_in]), iter(saved[1 + n_in:])
+        saved_consts, saved_args = inputs[:nc], inputs[nc:]
+        saved_res = [next(own) if k is None else inputs[k] for k in res_from]
         ct_pattern = tuple(type(c) is not SymbolicZero for c, a in zip(cts, out_avals)
                            if is_inexact(a))
         cts = [_dense(c, a.to_cotangent_aval() if hasattr(a, "to_cotangent_aval") else a)
@@ -548,19 +570,19 @@ def build_custom_vjp(rule: VJPRule):
                 rule_bwd = rule.pattern_rules.get(("bwd", in_pattern, ct_pattern), const_avals)
             if rule_bwd is None:
                 rule_bwd = bwd_by_pattern[(family, full)] if family else rule.bwd
-            it = iter(run(rule_bwd, *saved.consts, *saved.res, *dense_cts))
+            it = iter(run(rule_bwd, *saved_consts, *saved_res, *dense_cts))
             arg_cts = [next(it) if is_inexact(a) else None for a in arg_avals]
         const_cts: list = [None] * nc
         if mode == "reverse":
             def f(*cs):
-                return run(rule.call, *cs, *saved.args)
-            _, vjp_fn = jax.vjp(f, *saved.consts)
+                return run(rule.call, *cs, *saved_args)
+            _, vjp_fn = jax.vjp(f, *saved_consts)
             full_cts = [c if c is not None else _zeros(a) for c, a in zip(cts, out_avals)]
             got = vjp_fn(list(full_cts))
             for i in hot:
                 const_cts[i] = got[i]
         elif mode == "forward":
-            got = _forward_const_cotangents(rule.call, list(saved.consts), list(saved.args), hot,
+            got = _forward_const_cotangents(rule.call, list(saved_consts), list(saved_args), hot,
                                             cts, out_avals)
             for i, v in zip(hot, got):
                 const_cts[i] = v

@@ -441,6 +441,14 @@ def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used=frozenset()):
         if any(flags[:lead]):
             return (Problem(eqn, "a linear_call residual that depends on the linear input"),
                     None, None)
+        # Its results are linear in all its linear operands together: one that
+        # neither carries the linear input nor is zero adds a part of its own (the
+        # known-zero analysis runs this with the zero values as the linear input).
+        for k in range(lead, len(eqn.invars)):
+            if (not flags[k] and not zeros[k]
+                    and jnp.issubdtype(eqn.invars[k].aval.dtype, jnp.inexact)):
+                return (Problem(eqn, f"linear_call's linear operand {k - lead} {_AFFINE}"),
+                        None, None)
         return None, [True] * n_out, [False] * n_out
     sub = _sub_jaxpr(eqn)
     if sub is not None and len(sub.invars) == len(flags):
