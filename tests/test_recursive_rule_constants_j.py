@@ -5,11 +5,18 @@ array objects with the same contents, which are the same closed-over values
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxpr_cc
 
-jax.config.update("jax_enable_x64", True)
-X = jnp.array([0.3, -0.7])
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    with jax.enable_x64(True):
+        yield
+
+X = np.array([0.3, -0.7])
 
 
 def _recursive(bwd):

@@ -27,10 +27,16 @@ from jax import lax
 import jaxpr_cc
 from jaxpr_cc.jax_adapter import ForwardModeRefusedError
 
-jax.config.update("jax_enable_x64", True)
 
-X = jnp.array([0.3, -0.7])
-A = jnp.array([[0.3, 0.1], [-0.2, 0.4]])
+
+@pytest.fixture(autouse=True)
+def _x64():
+    with jax.enable_x64(True):
+        yield
+
+
+X = np.array([0.3, -0.7])
+A = np.array([[0.3, 0.1], [-0.2, 0.4]])
 
 
 def _sin_with_bwd(bwd):
