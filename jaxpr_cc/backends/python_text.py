@@ -199,24 +199,16 @@ def _zeros(shape, dtype):
     return jnp.zeros(shape, dtype)
 '''
 
+HELPERS["_layout_marker"] = '''
+def _layout_marker(index):
+    """A zero-size residual whose shape (0, index) names the layout the other
+    residuals were saved in: a shape survives jit, scan, vmap and JAX's memoized
+    fwd of a staged custom_vjp, which hands bwd the residual tree of the pattern
+    traced last (a pytree's static data would then name the wrong layout)."""
+    return jax.lax.full((0, index), False)
+'''
+
 HELPERS["_custom_vjp_with_consts"] = '''
-@jax.tree_util.register_pytree_node_class
-class _Saved:
-    """Residuals of a rule with closed-over operands: the operands, the rule's own
-    residuals, the primal arguments (kept only when the operands are differentiated)
-    and, as static data, how to differentiate w.r.t. the operands."""
-
-    def __init__(self, how, consts, res, args):
-        self.how, self.consts, self.res, self.args = how, consts, res, args
-
-    def tree_flatten(self):
-        return (self.consts, self.res, self.args), self.how
-
-    @classmethod
-    def tree_unflatten(cls, how, children):
-        return cls(how, *children)
-
-
 def _forward_const_cotangents(primal, consts, args, hot, cts, outs):
     """Cotangents of the perturbed closed-over operands by forward mode (works
     through while_loop, where reverse mode does not): one jvp per real direction of
@@ -265,6 +257,10 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
     fun = jax.custom_vjp(primal)
     forward_primal = forward_primal or primal
     fwd_variants, bwd_variants = fwd_variants or {}, bwd_variants or {}
+    # The residuals are one flat tuple whose layout does not depend on the
+    # pattern -- a layout marker, every argument, the rule's own residuals that
+    # are not arguments -- and the marker's shape indexes `layouts`.
+    layouts, layout_index = [], {}
 
     def fwd_with_consts(*primals):
         values = [p.value for p in primals]
@@ -274,13 +270,22 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
                        if inexact)
         family = family if family in fwd_variants else ()
         outs_res = (fwd_variants[family] if family else fwd)(*values)
-        keep = tuple(values[num_consts:]) if mode != "none" else ()
-        return (list(outs_res[:len(outs)]),
-                _Saved((mode, hot, family), tuple(values[:num_consts]),
-                       tuple(outs_res[len(outs):]), keep))
+        res = outs_res[len(outs):]
+        position = {id(v): k for k, v in enumerate(values)}
+        res_from = tuple(position.get(id(r)) for r in res)
+        layout = (mode, hot, family, res_from)
+        if layout not in layout_index:
+            layout_index[layout] = len(layouts)
+            layouts.append(layout)
+        own = [r for r, k in zip(res, res_from) if k is None]
+        return list(outs_res[:len(outs)]), (_layout_marker(layout_index[layout]), *values, *own)
 
-    def bwd_with_consts(saved, cts):
-        mode, hot, family = saved.how
+    def bwd_with_consts(residuals, cts):
+        mode, hot, family, res_from = layouts[int(np.shape(residuals[0])[1])]
+        values, own = list(residuals[1:1 + len(args_inexact) + num_consts]), \
+            iter(residuals[1 + len(args_inexact) + num_consts:])
+        saved_consts, saved_args = values[:num_consts], values[num_consts:]
+        saved_res = [next(own) if k is None else values[k] for k in res_from]
         ct_pattern = tuple(type(c) is not jax.custom_derivatives.SymbolicZero
                            for c, (_, dtype) in zip(cts, outs) if jnp.issubdtype(dtype, jnp.inexact))
         rule_bwd = bwd_variants.get((family, ct_pattern))
@@ -293,17 +298,17 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
                    for c, (_, dtype) in zip(cts, outs)]
         cts = [_dense(c) if jnp.issubdtype(dtype, jnp.inexact) else None
                for c, (_, dtype) in zip(cts, outs)]
-        got = iter(rule_bwd(*saved.consts, *saved.res, *[c for c in cts if c is not None]))
+        got = iter(rule_bwd(*saved_consts, *saved_res, *[c for c in cts if c is not None]))
         arg_cts = [next(got) if inexact else None for inexact in args_inexact]
         const_cts = [None] * num_consts
         if mode == "reverse":
-            _, pullback = jax.vjp(lambda *c: primal(*c, *saved.args), *saved.consts)
+            _, pullback = jax.vjp(lambda *c: primal(*c, *saved_args), *saved_consts)
             full = pullback([c if c is not None else _zeros(shape, dtype)
                              for c, (shape, dtype) in zip(cts, outs)])
             for i in hot:
                 const_cts[i] = full[i]
         elif mode == "forward":
-            got = _forward_const_cotangents(forward_primal, list(saved.consts), list(saved.args), hot,
+            got = _forward_const_cotangents(forward_primal, saved_consts, saved_args, hot,
                                             [c if nz else None for c, nz in zip(cts, nonzero)],
                                             outs)
             for i, v in zip(hot, got):
@@ -355,41 +360,30 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
     return fun
 '''
 HELPERS["_vjp_by_pattern"] = '''
-@jax.tree_util.register_pytree_node_class
-class _PatternResiduals:
-    """A variant's residuals and, as static data, the pattern its fwd was picked by."""
-
-    def __init__(self, family, res):
-        self.family, self.res = family, res
-
-    def tree_flatten(self):
-        return (self.res,), self.family
-
-    @classmethod
-    def tree_unflatten(cls, family, children):
-        return cls(family, *children)
-
-
 def _vjp_by_pattern(fwd, bwd, fwd_variants, bwd_variants, args_inexact, outs_inexact):
     """fwd and bwd of a symbolic-zeros custom_vjp traced per perturbation pattern:
     fwd picks the variant traced for which inexact arguments are perturbed, bwd the
     one for that pattern and which output cotangents are not SymbolicZero; other
-    patterns use ``fwd`` / ``bwd``."""
+    patterns use ``fwd`` / ``bwd``.  The pattern fwd was picked by travels as a
+    layout marker's shape (see _layout_marker), not as pytree static data."""
+    families = [()] + [family for family in fwd_variants if family]
+
     def by_pattern_fwd(*primals):
         family = tuple(p.perturbed for p, inexact in zip(primals, args_inexact) if inexact)
         family = family if family in fwd_variants else ()
         out, res = (fwd_variants[family] if family else fwd)(*primals)
-        return out, _PatternResiduals(family, res)
+        return out, (_layout_marker(families.index(family)), res)
 
     def by_pattern_bwd(saved, cts):
+        marker, res = saved
+        family = families[int(np.shape(marker)[1])]
         listed = list(cts) if len(outs_inexact) != 1 else [cts]
         ct_pattern = tuple(type(c) is not jax.custom_derivatives.SymbolicZero
                            for c, inexact in zip(listed, outs_inexact) if inexact)
-        rule = bwd_variants.get((saved.family, ct_pattern))
+        rule = bwd_variants.get((family, ct_pattern))
         if rule is None:
-            rule = (bwd_variants[(saved.family, (True,) * len(ct_pattern))] if saved.family
-                    else bwd)
-        return rule(saved.res, cts)
+            rule = bwd_variants[(family, (True,) * len(ct_pattern))] if family else bwd
+        return rule(res, cts)
     return by_pattern_fwd, by_pattern_bwd
 '''
 HELPERS["_jvp_by_pattern"] = '''
@@ -516,7 +510,7 @@ def _transpose_picks_by_pattern(prim):
 
 HELPER_IMPORTS.update({"_jvp_by_pattern": (), "_vjp_by_pattern": (), "_linear_call_by_pattern": (),
                        "_prng_impl": (), "_copy_semantics": (), "_batched_while_loop": (), "_closed_over": (), "_custom_vjp_with_consts": (),
-                       "_custom_jvp_with_consts": ()})
+                       "_custom_jvp_with_consts": (), "_layout_marker": ()})
 # A reverse-only custom_vjp rule (passes/vjp_to_jvp.py: its bwd is not linear in
 # its cotangent) has as tangent map a value that raises when evaluated or compiled:
 # staging it is fine (reverse mode transposes the linear_call around it and runs
@@ -615,5 +609,6 @@ def _held_jaxpr(fn, n_consts, avals, closed):
 HELPER_IMPORTS.update({"_held_jaxpr": (), "_treedef": (), "_library_instance": (), "_partial": ("functools",)})
 # Helpers that call other helpers.
 HELPER_DEPS = {"_linear_call_by_pattern": ("_bind",),
-               "_custom_vjp_with_consts": ("_closed_over", "_dense"),
+               "_custom_vjp_with_consts": ("_closed_over", "_dense", "_layout_marker"),
+               "_vjp_by_pattern": ("_layout_marker",),
                "_custom_jvp_with_consts": ("_closed_over", "_dense")}
