@@ -453,8 +453,10 @@ class JitFunction:
         given = self._options.get("in_shardings")
         flat_given = (xla._flat_arg_shardings(program, given, args_tree, kwargs_tree)
                       if given is not None else [None] * len(leaves))
-        arg_shardings = [g if g is not None else xla._committed_sharding(x)
-                         for g, x in zip(flat_given, leaves)]
+        committed = [xla._committed_sharding(x) for x in leaves]
+        for g, c, x in zip(flat_given, committed, leaves):
+            _check_committed_placement(g, c, x)
+        arg_shardings = [g if g is not None else c for g, c in zip(flat_given, committed)]
         donated = self._donated_leaves(dyn_args, dyn_kwargs, statics)
         on_device = self._device_sharding()
         if on_device is not None:
@@ -509,6 +511,23 @@ class JitFunction:
 
 
 # --------------------------------------------------------------------- helpers
+def _check_committed_placement(given, committed, x) -> None:
+    """jax.jit's errors for an in_sharding that disagrees with where a committed
+    argument is (it does not move a committed array behind the caller's back)."""
+    if given is None or committed is None or not isinstance(
+            given, jax.sharding.Sharding):
+        return
+    aval = jax.typeof(x)
+    if given.memory_kind != committed.memory_kind:
+        raise ValueError(f"Memory kinds passed to jax.jit does not match memory kind on the "
+                         f"respective arg. Got jit memory kind: {given.memory_kind}, arg "
+                         f"memory kind: {committed.memory_kind} for arg type: {aval}")
+    if not given.is_equivalent_to(committed, x.ndim):
+        raise ValueError(f"Sharding passed to jit does not match the sharding on the "
+                         f"respective arg. Got jit sharding: {given},\narg sharding: "
+                         f"{committed} for arg type: {aval}")
+
+
 def _holding(fun: Callable, method: Callable) -> Callable:
     """``method`` of the state (which holds ``fun`` weakly) as a function that keeps
     ``fun`` alive, so that it works after the jit object is gone

@@ -175,7 +175,39 @@ def cases(out_dir: Path):
                 problems.append(f"output {i}: on {r.sharding}, jax.jit gives {w.sharding}")
         return problems
 
+    def executable_refuses_in_shardings_that_move_a_committed_argument():
+        # jax.jit does not move a committed array to another in_sharding: it
+        # raises, and so does .executable (its own lowering would otherwise
+        # compile silently or fail elsewhere).
+        mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+        named = jax.sharding.NamedSharding
+
+        def f(d):
+            return d["a"] + d["b"]
+        in_shardings = ({"a": named(mesh, P("x")), "b": None},)
+        problems = []
+        for b_spec in (P(), P("y")):
+            args = ({"a": jax.device_put(jnp.ones((8, 8)), named(mesh, P())),
+                     "b": jax.device_put(jnp.ones((8, 8)), named(mesh, b_spec))},)
+            try:
+                jax.jit(f, in_shardings=in_shardings).lower(*args)
+                return ["jax.jit accepted the placement: the case no longer tests anything"]
+            except ValueError as e:
+                want = str(e).split("--------------------")[0].strip()
+            try:
+                jaxpr_cc.jit(f, in_shardings=in_shardings).executable(*args)
+                problems.append(f"b on {b_spec}: .executable accepted it")
+            except ValueError as e:
+                got = str(e).split("--------------------")[0].strip()
+                if got != want:
+                    problems.append(f"b on {b_spec}: {got!r} != jax.jit's {want!r}")
+            except Exception as e:  # noqa: BLE001 -- reported as a problem
+                problems.append(f"b on {b_spec}: {type(e).__name__}: {str(e)[:200]}")
+        return problems
+
     return {
+        "executable_refuses_in_shardings_that_move_a_committed_argument":
+            executable_refuses_in_shardings_that_move_a_committed_argument,
         "executable_over_two_meshes_of_the_same_devices_saves":
             executable_over_two_meshes_of_the_same_devices_saves,
         "jit_program_compiles_as_jit_places_it": jit_program_compiles_as_jit_places_it,
@@ -186,7 +218,8 @@ def cases(out_dir: Path):
     }
 
 
-CASE_NAMES = ("executable_over_two_meshes_of_the_same_devices_saves",
+CASE_NAMES = ("executable_refuses_in_shardings_that_move_a_committed_argument",
+              "executable_over_two_meshes_of_the_same_devices_saves",
               "jit_program_compiles_as_jit_places_it",
               "vmap_of_shard_map_custom_vjp_with_constants",
               "device_executable_kept_through_save_and_load")
