@@ -205,7 +205,40 @@ def cases(out_dir: Path):
                 problems.append(f"b on {b_spec}: {type(e).__name__}: {str(e)[:200]}")
         return problems
 
+    def emitted_python_keeps_closed_over_placements():
+        # Closed-over arrays laid out on a mesh are emitted laid out so: jax.jit of
+        # the emitted function places its result as jax.jit of the original does.
+        import importlib.util
+        import tempfile
+        problems = []
+        for axis_type in (AxisType.Auto, AxisType.Explicit):
+            mesh = jax.make_mesh((2, 4), ("x", "y"), axis_types=(axis_type,) * 2)
+            named = jax.sharding.NamedSharding
+            c = jax.device_put(jnp.arange(8.0), named(mesh, P("y")))
+            d = jax.device_put(jnp.arange(8.0), named(mesh, P("x")))
+
+            def f(a):
+                return c[:, None] * d[None, :] + a
+            a = jax.device_put(jnp.ones((8, 8)), named(mesh, P()))
+            want = jax.jit(f)(a)
+            program = jaxpr_cc.run_passes(jaxpr_cc.trace(f, a), jaxpr_cc.DEFAULT_PIPELINE)
+            with tempfile.TemporaryDirectory() as tmp:
+                path = f"{tmp}/emitted_{axis_type.name}.py"
+                jaxpr_cc.write_python(program, path)
+                spec = importlib.util.spec_from_file_location(f"emitted_{axis_type.name}", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                got = jax.jit(getattr(module, program.name))(a)
+            if not np.array_equal(np.asarray(got), np.asarray(want)):
+                problems.append(f"{axis_type.name}: value differs from jax.jit's")
+            if not got.sharding.is_equivalent_to(want.sharding, want.ndim):
+                problems.append(f"{axis_type.name}: on {got.sharding}, jax.jit gives "
+                                f"{want.sharding}")
+        return problems
+
     return {
+        "emitted_python_keeps_closed_over_placements":
+            emitted_python_keeps_closed_over_placements,
         "executable_refuses_in_shardings_that_move_a_committed_argument":
             executable_refuses_in_shardings_that_move_a_committed_argument,
         "executable_over_two_meshes_of_the_same_devices_saves":
@@ -218,7 +251,8 @@ def cases(out_dir: Path):
     }
 
 
-CASE_NAMES = ("executable_refuses_in_shardings_that_move_a_committed_argument",
+CASE_NAMES = ("emitted_python_keeps_closed_over_placements",
+              "executable_refuses_in_shardings_that_move_a_committed_argument",
               "executable_over_two_meshes_of_the_same_devices_saves",
               "jit_program_compiles_as_jit_places_it",
               "vmap_of_shard_map_custom_vjp_with_constants",

@@ -39,6 +39,7 @@ import pathlib
 import sys
 from typing import Any, Sequence
 
+import jax
 import libcst as cst
 import numpy as np
 
@@ -59,6 +60,16 @@ __all__ = ["INLINE_LIMIT", "PythonEmitError", "PythonModule", "emit_python",
            "emit_python_module", "write_python"]
 
 INLINE_LIMIT = 64  # constants with more elements go to the sidecar (when there is one)
+
+
+def _mesh_placement(value: Any):
+    """The NamedSharding of a committed array on a device mesh, else None
+    (single-device placements are not kept: emitted modules stay portable)."""
+    sharding = getattr(value, "sharding", None)
+    if isinstance(value, jax.Array) and getattr(value, "committed", False) and isinstance(
+            sharding, jax.sharding.NamedSharding) and not sharding.mesh.empty:
+        return sharding
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,13 +322,18 @@ class _ModuleEmitter:
         if self.sidecar_name is not None and size > self.inline_limit:
             data, suffix = sidecar_array(value)
             self.arrays[name] = data
-            self.constants.append(f"{name} = {restore_expression(f'_CONSTS[{name!r}]', suffix)}")
+            src = restore_expression(f'_CONSTS[{name!r}]', suffix)
         else:
             try:
                 src = array_literal_source(value)
             except SpellingError as e:
                 raise PythonEmitError(f"{self.program.name}: constant {hint!r}: {e}") from None
-            self.constants.append(f"{name} = {src}")
+        placement = _mesh_placement(value)
+        if placement is not None:
+            # A closed-over array laid out on a device mesh stays laid out so: the
+            # layout of what the program computes from it follows (as in jax.jit).
+            src = f"jax.device_put({src}, {self.param(placement)})"
+        self.constants.append(f"{name} = {src}")
         return name
 
     def _bind_consts(self, region: Region) -> None:
