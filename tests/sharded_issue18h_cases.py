@@ -236,7 +236,32 @@ def cases(out_dir: Path):
                                 f"{want.sharding}")
         return problems
 
+    def saved_executable_keeps_each_shardings_axis_types():
+        # in_shardings on an Explicit mesh, out_shardings on an Auto mesh of the
+        # same devices (and the reverse): the loaded executable places its output
+        # with jax.jit's axis types, so it combines with other arrays as jax.jit's does.
+        import tempfile
+        named = jax.sharding.NamedSharding
+        explicit = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+        auto = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+        x = jnp.ones((8, 8))
+        problems = []
+        for label, (m_in, m_out) in (("explicit in, auto out", (explicit, auto)),
+                                     ("auto in, explicit out", (auto, explicit))):
+            kw = dict(in_shardings=named(m_in, P("y", "x")), out_shardings=named(m_out, P("x")))
+            want = jax.jit(lambda a: a * 2, **kw)(x)
+            with tempfile.TemporaryDirectory() as tmp:
+                jaxpr_cc.jit(lambda a: a * 2, **kw).executable(x).save(f"{tmp}/e.jxe")
+                got = load_executable(f"{tmp}/e.jxe")(x)
+            if got.sharding != want.sharding:
+                problems.append(f"{label}: on {got.sharding}, jax.jit gives {want.sharding}")
+            if not np.array_equal(np.asarray(got), np.asarray(want)):
+                problems.append(f"{label}: value differs from jax.jit's")
+        return problems
+
     return {
+        "saved_executable_keeps_each_shardings_axis_types":
+            saved_executable_keeps_each_shardings_axis_types,
         "emitted_python_keeps_closed_over_placements":
             emitted_python_keeps_closed_over_placements,
         "executable_refuses_in_shardings_that_move_a_committed_argument":
@@ -251,7 +276,8 @@ def cases(out_dir: Path):
     }
 
 
-CASE_NAMES = ("emitted_python_keeps_closed_over_placements",
+CASE_NAMES = ("saved_executable_keeps_each_shardings_axis_types",
+              "emitted_python_keeps_closed_over_placements",
               "executable_refuses_in_shardings_that_move_a_committed_argument",
               "executable_over_two_meshes_of_the_same_devices_saves",
               "jit_program_compiles_as_jit_places_it",

@@ -767,7 +767,10 @@ def _as_named(s, mesh, aval, where: str):
         return NamedSharding(mesh, PartitionSpec(), memory_kind=s.memory_kind)
     candidate = None
     if isinstance(s, NamedSharding) and s.mesh.shape_tuple == mesh.shape_tuple:
-        candidate = NamedSharding(mesh, s.spec, memory_kind=s.memory_kind)
+        # Over mesh's devices, keeping s's axis types (Explicit in, Auto out).
+        own = mesh if tuple(s.mesh.axis_types) == tuple(mesh.axis_types) else \
+            jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=s.mesh.axis_types)
+        candidate = NamedSharding(own, s.spec, memory_kind=s.memory_kind)
     else:  # another kind of sharding, or a mesh of another shape over the same devices
         candidate = named_sharding_from_hlo(s, mesh, ndim)
     if candidate is None or not candidate.is_equivalent_to(s, ndim):

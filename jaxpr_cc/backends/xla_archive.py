@@ -220,7 +220,12 @@ def encode_shardings(shardings: list, mesh) -> dict:
     import jax
     specs = []
     for s in shardings:
-        if not isinstance(s, jax.sharding.NamedSharding) or s.mesh != mesh:
+        # Over the program's mesh: its devices in its order and its axis names;
+        # the axis types may differ (an Explicit input, an Auto output).
+        if not isinstance(s, jax.sharding.NamedSharding) or \
+                s.mesh.axis_names != mesh.axis_names or \
+                s.mesh.devices.shape != mesh.devices.shape or \
+                list(s.mesh.devices.flat) != list(mesh.devices.flat):
             raise SaveError(f"sharding {s} is not a NamedSharding over the program's mesh")
         for extra in ("unreduced", "reduced"):
             if getattr(s.spec, extra, None):
@@ -233,7 +238,10 @@ def encode_shardings(shardings: list, mesh) -> dict:
                 entries.append(list(e))
             else:
                 raise SaveError(f"partition spec entry {e!r} of {s} cannot be saved")
-        specs.append({"spec": entries, "memory_kind": s.memory_kind})
+        entry = {"spec": entries, "memory_kind": s.memory_kind}
+        if tuple(s.mesh.axis_types) != tuple(mesh.axis_types):
+            entry["axis_types"] = [t.name for t in s.mesh.axis_types]
+        specs.append(entry)
     return {
         "mesh": {
             "axis_names": [str(n) for n in mesh.axis_names],
@@ -295,7 +303,11 @@ def decode_shardings(code: Any, path: str) -> list:
     for entry in specs:
         try:
             parts = [tuple(e) if isinstance(e, list) else e for e in entry["spec"]]
-            out.append(NamedSharding(mesh, PartitionSpec(*parts),
+            own = mesh
+            if "axis_types" in entry:  # the same devices and names, other axis types
+                own = Mesh(mesh.devices, mesh.axis_names,
+                           axis_types=tuple(AxisType[t] for t in entry["axis_types"]))
+            out.append(NamedSharding(own, PartitionSpec(*parts),
                                      memory_kind=entry.get("memory_kind")))
         except (KeyError, TypeError, ValueError) as e:
             raise LoadError(path, f"malformed sharding {entry!r} ({e})") from None
