@@ -276,3 +276,72 @@ def test_a_threshold_on_a_value_read_through_the_tests_constants_is_refused():
     f = _sin_with_bwd(bwd)
     with pytest.raises(ForwardModeRefusedError, match="linear input"):
         jax.jacfwd(jaxpr_cc.jit(f))(X)
+
+
+@pytest.mark.parametrize("counter", ["moves", "patience"])
+def test_a_counter_computed_from_the_cotangent_is_not_a_cap(counter):
+    # k counts steps that moved (or small steps): it is not the iteration count,
+    # and the loop stops where its limit does not.  Refused.
+    def bwd(c, g):
+        def body(t):
+            k, _, x = t
+            xn = 0.5 * x + c * g
+            step = jnp.max(jnp.abs(xn - x))
+            k = k + (step > 0 if counter == "moves" else step < 1e-3).astype(k.dtype)
+            return k, x, xn
+        def cond(t):
+            k, prev, x = t
+            return (jnp.max(jnp.abs(x - prev)) > 1e-14) & (k < 3)
+        _, _, x = lax.while_loop(cond, body, (0, jnp.zeros_like(g), c * g))
+        return (x,)
+    f = _sin_with_bwd(bwd)
+    with pytest.raises(ForwardModeRefusedError, match="as an iteration count, is computed"):
+        jax.jacfwd(jaxpr_cc.jit(f))(X)
+    np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(X), jax.jacrev(f)(X), rtol=1e-15)
+
+
+def test_a_tolerance_that_changes_with_the_count_is_refused():
+    # |dx| > where(k < 3, 1e-14, inf): a cap written through the tolerance.
+    def bwd(c, g):
+        def body(t):
+            k, _, x = t
+            return k + 1, x, 0.5 * x + c * g
+        def cond(t):
+            k, prev, x = t
+            return jnp.max(jnp.abs(x - prev)) > jnp.where(k < 3, 1e-14, jnp.inf)
+        _, _, x = lax.while_loop(cond, body, (0, jnp.zeros_like(g), c * g))
+        return (x,)
+    f = _sin_with_bwd(bwd)
+    with pytest.raises(ForwardModeRefusedError, match="tolerance changes with the iteration"):
+        jax.jacfwd(jaxpr_cc.jit(f))(X)
+
+
+def test_caps_that_differ_between_lanes_of_a_vmapped_loop_give_nan():
+    # The bwd loop is batched by jax.vmap inside the program, with a cap per
+    # lane (2 and 7 steps): its lanes share one transposed iteration, which
+    # cannot stop each lane at its own cap, so forward mode gives NaN rather
+    # than another map's transpose.  One call per lane is exact.
+    rot = np.array([[0.0, -0.9], [0.9, 0.0]])
+
+    @jax.custom_vjp
+    def f(x, n):
+        return jnp.sin(x)
+
+    def bwd(res, g):
+        c, n = res
+        def cond(s):
+            xp, x, k = s
+            return (jnp.max(jnp.abs(x - xp)) > 1e-14) & (k < n)
+        def body(s):
+            xp, x, k = s
+            return x, rot @ x + c * g, k + 1
+        _, x, _ = lax.while_loop(cond, body, (jnp.zeros_like(g), c * g, jnp.int32(0)))
+        return x, None
+    f.defvjp(lambda x, n: (jnp.sin(x), (jnp.cos(x), n)), bwd)
+    xs = np.array([[0.3, -0.7], [0.1, 0.2]])
+    caps = jnp.array([2, 7], dtype=jnp.int32)
+    want = jax.jacrev(lambda xs: jax.vmap(f)(xs, caps))(xs)
+    got = jax.jacfwd(jaxpr_cc.jit(lambda xs: jax.vmap(f)(xs, caps)))(xs)
+    assert np.all(np.isnan(np.asarray(got)))
+    per_lane = jax.jacfwd(jaxpr_cc.jit(lambda xs: jnp.stack([f(xs[0], 2), f(xs[1], 7)])))(xs)
+    np.testing.assert_allclose(per_lane, want, rtol=1e-10)

@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import jax_adapter as jx
 from ..jax_adapter import ClosedJaxpr, Literal
-from .convergence import STATE, carry_kinds, convergence_test, loop_cap
+from .convergence import COUNTER, STATE, carry_kinds, convergence_test, loop_cap
 
 
 class NotTransposableError(ValueError):
@@ -825,6 +825,7 @@ def _read_convergence_test(eqn, lin, tags: dict | None = None) -> str | None:
     # A relative tolerance is accepted: an iteration without a limit (one that
     # grows until |dx| < rtol |x|) is caught where the transposed iteration
     # runs to its limit (_transposed_limit gives NaN when there is none).
+    tags = {} if tags is None else tags
     test = convergence_test(cond, cc, body, bc, kinds, copies, operands=list(eqn.invars),
                             relative=True, tags=tags)
     if isinstance(test, str):
@@ -835,7 +836,43 @@ def _read_convergence_test(eqn, lin, tags: dict | None = None) -> str | None:
     if missing:
         return (f"it does not test the convergence of carr{'y' if len(missing) == 1 else 'ies'} "
                 f"{', '.join(map(str, missing))}, which the iteration also updates")
+    # What the test compares with, and its cap, must come from the iteration
+    # count and constants alone: a counter whose update reads the iterate
+    # (counting small steps) or a tolerance that changes with the count (a cap
+    # written through the tolerance) stops the loop where its limit does not.
+    step_lin = _reaches(body, [False] * bc + list(lin))
+    for k, kind in enumerate(kinds):
+        if kind == COUNTER and k not in gaps and step_lin[k]:
+            return (f"carry {k} ({carries_in[k].aval.str_short()}), which the test reads as an "
+                    f"iteration count, is computed from the linear input")
+    counted = [False] * cc + [kind == COUNTER and k not in gaps for k, kind in enumerate(kinds)]
+    if _tolerance_reads(cond, counted, tags):
+        return ("its tolerance changes with the iteration count (a cap written through the "
+                "tolerance)")
     return None
+
+
+def _tolerance_reads(jaxpr, flags, tags) -> bool:
+    """Whether a comparison that makes the convergence test (tagged big/small in
+    ``tags``, reading no test itself) reads a value computed from the inputs
+    marked ``flags``."""
+    def is_test(v):
+        t = tags.get(v)
+        return t is not None and t.kind in ("big", "small")
+
+    dep = {v for v, f in zip(jaxpr.invars, flags) if f}
+    for eqn in jaxpr.eqns:
+        ins = [not isinstance(a, Literal) and a in dep for a in eqn.invars]
+        sub = _sub_jaxpr(eqn)
+        if sub is not None and len(sub.invars) == len(eqn.invars):
+            if _tolerance_reads(sub, ins, tags):
+                return True
+        elif any(ins) and all(is_test(v) for v in eqn.outvars) and not any(
+                is_test(a) for a in eqn.invars if not isinstance(a, Literal)):
+            return True
+        if any(ins):
+            dep.update(eqn.outvars)
+    return False
 
 
 def _iteration_cap(eqn, lin):
@@ -1074,8 +1111,7 @@ def _bind_linear_while(eqn, invals, flags, used):
             cap_ok = None
             if cap is not None:
                 def cap_ok(n_vals):
-                    pred = cap([*cv, *merge(carry_lin, zeros_of(lin_carry_avals), n_vals)])
-                    return jnp.any(pred) if jnp.ndim(pred) else pred
+                    return cap([*cv, *merge(carry_lin, zeros_of(lin_carry_avals), n_vals)])
             return [*_transposed_limit(functools.partial(body_t, nl_consts, list(n_init)),
                                        l_bar, lin_const_avals, n_init,
                                        functools.partial(body_n, nl_consts), cap_ok)]
@@ -1171,26 +1207,35 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
                           .astype(jnp.float32) for x in xs], jnp.float32(0))
 
     def may_step(n_vals):
-        return jnp.bool_(True) if cap_ok is None else cap_ok(n_vals)
+        """(whether the cap lets the loop step, whether lanes of a batched loop
+        disagree about it).  A batched loop's lanes share the transposed state
+        here, so lanes whose caps differ cannot each stop at their own."""
+        pred = jnp.bool_(True) if cap_ok is None else cap_ok(n_vals)
+        if jnp.ndim(pred) == 0:
+            return pred, jnp.bool_(False)
+        return jnp.any(pred), jnp.logical_and(jnp.any(pred), jnp.logical_not(jnp.all(pred)))
 
     def keep_going(state):
-        _, _, n_vals, change, k = state
-        return functools.reduce(jnp.logical_and, [change, may_step(n_vals), k < _LIMIT_STEPS])
+        _, _, n_vals, change, _, k = state
+        return functools.reduce(jnp.logical_and, [change, may_step(n_vals)[0], k < _LIMIT_STEPS])
 
     def step(state):
-        v, acc, n_vals, _, k = state
+        v, acc, n_vals, _, split_lanes, k = state
         g_c, v_new = step_t(v)
         acc_new = [a + g for a, g in zip(acc, g_c)]
         moved = scaled_size([*[a - b for a, b in zip(v_new, v)], *g_c])
         # `moved > scale` is False for NaN: a diverging iteration stops too.
         change = moved > size([*v_new, *acc_new, *l_bar])
-        return list(v_new), acc_new, n_step(n_vals), change, k + 1
+        split_lanes = jnp.logical_or(split_lanes, may_step(n_vals)[1])
+        return list(v_new), acc_new, n_step(n_vals), change, split_lanes, k + 1
 
     acc0 = [jnp.zeros(a.shape, a.dtype) for a in const_avals]
-    v, acc, n_vals, change, _ = jax.lax.while_loop(
-        keep_going, step, (list(l_bar), acc0, list(n_init), jnp.bool_(True), jnp.int32(0)))
-    # Still changing, and not stopped by the cap: no limit to give.
-    unsettled = jnp.logical_and(change, may_step(n_vals))
+    v, acc, n_vals, change, split_lanes, _ = jax.lax.while_loop(
+        keep_going, step, (list(l_bar), acc0, list(n_init), jnp.bool_(True), jnp.bool_(False),
+                           jnp.int32(0)))
+    # Still changing and not stopped by the cap (no limit to give), or stopped
+    # by caps that differ between lanes: NaN rather than another map's transpose.
+    unsettled = jnp.logical_or(jnp.logical_and(change, may_step(n_vals)[0]), split_lanes)
     return [jnp.where(unsettled, jnp.nan, x).astype(x.dtype) for x in [*acc, *v]]
 
 
