@@ -95,11 +95,8 @@ def emit_python_module(program, *, sidecar_name: str | None = None,
         program = program_services.with_forward_mode(program)
     # The module has no Python rule to trace a symbolic-zeros rule's patterns from
     # later: every pattern JAX can give is traced now (closure.saved_patterns).
-    from ..closure.saved_patterns import PatternLimitError, complete_patterns
-    try:
-        program = complete_patterns(program)
-    except PatternLimitError as e:
-        raise PythonEmitError(f"cannot emit {program.name}: {e}") from None
+    from ..closure.saved_patterns import complete_patterns
+    program = complete_patterns(program)
     # The linear_call rules forward mode runs (batching, transposition with known
     # linear operands) are registered by importing jaxpr_cc: the module imports it.
     emitter = _ModuleEmitter(program, sidecar_name, inline_limit, imports_jaxpr_cc=forward_mode)

@@ -18,23 +18,29 @@ regions, on a copy of the program.  The patterns JAX can give: inputs among thos
 perturbable when the rule was traced (the rest are constants of the traced
 function, never perturbed), any nonempty subset of them; output cotangents: any
 subset of the outputs the program uses (an output nothing reads never gets a
-cotangent).  At most ``MAX_SAVED_PATTERNS`` bodies per rule are traced: beyond
-that the program is refused (``PatternLimitError``, naming the rule) rather than
-saved with patterns that would silently run the wrong body.
+cotangent).  At most ``MAX_SAVED_PATTERNS`` bodies per rule are traced: a rule
+needing more keeps the patterns traced up front, and a ``SavedPatternsWarning``
+names it (the other patterns run its main rule, as before).
 """
 from __future__ import annotations
 
+import warnings
 from itertools import product
 
 from .rules import body, is_inexact
 
 #: Bodies traced at save / emit time per rule, at most (each is one trace of the
-#: user's rule and one region in the file).  A rule needing more is refused.
-MAX_SAVED_PATTERNS = 256
+#: user's rule and one region in the file).  A rule needing more keeps the patterns
+#: traced up front, with a ``SavedPatternsWarning`` naming it: equinox's rules take
+#: every array leaf of their arguments (optimistix's root finders: 9 perturbable
+#: inputs, 511 patterns; diffrax's adjoints: over 1,700), which would make every
+#: save trace them hundreds of times.
+MAX_SAVED_PATTERNS = 128
 
 
-class PatternLimitError(ValueError):
-    """A rule has more perturbation patterns than a saved program keeps."""
+class SavedPatternsWarning(UserWarning):
+    """A rule has more perturbation patterns than a saved program keeps: the ones not
+    traced up front run its main rule."""
 
 
 def complete_patterns(program):
@@ -155,17 +161,21 @@ def _subsets(universe: list[int], n: int, nonempty: bool = True):
         yield tuple(pattern)
 
 
-def _check_count(eqn, p, count: int, what: str) -> None:
+def _within_limit(eqn, p, count: int, what: str) -> bool:
+    """Whether the rule's missing patterns are traced; if not, say so (a warning)."""
     if count <= MAX_SAVED_PATTERNS:
-        return
+        return True
     rule = p.get("name", eqn.prim.name)
     source = p.get("source", "")
     where = f" ({source})" if source else ""
-    raise PatternLimitError(
+    warnings.warn(
         f"symbolic-zeros rule '{rule}'{where} has {count} {what}, more than a saved program "
         f"keeps (jaxpr_cc.closure.saved_patterns.MAX_SAVED_PATTERNS={MAX_SAVED_PATTERNS}): "
-        f"pass fewer differentiable inputs to it (constants, stop_gradient, or "
-        f"nondiff_argnums), or raise MAX_SAVED_PATTERNS")
+        f"the saved or emitted program runs its main rule, with dense zeros, for the "
+        f"patterns not traced up front; pass fewer differentiable inputs to it (constants, "
+        f"stop_gradient, nondiff_argnums) or raise MAX_SAVED_PATTERNS",
+        SavedPatternsWarning, stacklevel=2)
+    return False
 
 
 def _arg_inexact(eqn, nc: int) -> list[int]:
@@ -198,7 +208,8 @@ def _jvp_params(eqn, p, memo) -> dict:
     n = len(_arg_inexact(eqn, nc))
     have = [tuple(q) for q in p.get("jvp_variant_patterns", ())]
     wanted = [q for q in _subsets(_input_universe(rules, n), n) if q not in set(have)]
-    _check_count(eqn, p, len(wanted), "patterns of perturbed inputs")
+    if not _within_limit(eqn, p, len(wanted), "patterns of perturbed inputs"):
+        return {}
     patterns, regions = list(have), list(p.get("jvp_variants", ()))
     for q in wanted:
         made = rules.get(q, const_avals)
@@ -227,7 +238,8 @@ def _vjp_params(region, eqn, p, memo) -> dict:
     count = sum(1 for q in in_patterns if q not in fwd_have)
     count += sum(1 for f in [(), *in_patterns] for c in ct_patterns
                  if (f, c) not in bwd_have and not (f == () and c == full))
-    _check_count(eqn, p, count, "patterns of perturbed inputs and output cotangents")
+    if not _within_limit(eqn, p, count, "patterns of perturbed inputs and output cotangents"):
+        return {}
     fwd_new, bwd_new = dict(fwd_have), dict(bwd_have)
     families = [()]
     for q in in_patterns:
@@ -265,7 +277,8 @@ def _linear_params(region, eqn, p, memo) -> dict:
     have = [tuple(c) for c in p.get("transpose_variant_patterns", ())]
     wanted = [c for c in _subsets(_live_outputs(region, eqn, list(range(m))), m, nonempty=False)
               if c != full and c not in set(have)]
-    _check_count(eqn, p, len(wanted), "patterns of output cotangents")
+    if not _within_limit(eqn, p, len(wanted), "patterns of output cotangents"):
+        return {}
     patterns, regions = list(have), list(p.get("transpose_variants", ()))
     for c in wanted:
         made = rules.get(c, const_avals)

@@ -85,11 +85,8 @@ def _with_every_pattern(program):
     """``program`` with a body for every perturbation pattern of its symbolic-zeros
     rules: the file has no Python rule to trace one from later
     (``closure.saved_patterns``)."""
-    from ..closure.saved_patterns import PatternLimitError, complete_patterns
-    try:
-        return complete_patterns(program)
-    except PatternLimitError as e:
-        raise SaveError(f"cannot save {program.name}: {e}") from None
+    from ..closure.saved_patterns import complete_patterns
+    return complete_patterns(program)
 
 
 def save(program, path) -> None:
