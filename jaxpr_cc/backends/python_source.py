@@ -104,6 +104,10 @@ def emit_python_module(program, *, sidecar_name: str | None = None,
         # Program call evaluates (its custom_vjp rules with a forward mode).
         from ..ir import program_services
         program = program_services.with_forward_mode(program)
+    # The module has no Python rule to trace a symbolic-zeros rule's patterns from
+    # later: every pattern JAX can give is traced now (closure.saved_patterns).
+    from ..closure.saved_patterns import complete_patterns
+    program = complete_patterns(program)
     # The linear_call rules forward mode runs (batching, transposition with known
     # linear operands) are registered by importing jaxpr_cc: the module imports it.
     emitter = _ModuleEmitter(program, sidecar_name, inline_limit, imports_jaxpr_cc=forward_mode)

@@ -367,7 +367,12 @@ class TraceSession:
         inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
         in_patterns = _variant_patterns(avals, perturbed)
         n_ct = sum(1 for a in out_avals if is_inexact(a))
-        ct_patterns = _cotangent_patterns(n_ct, _MAX_VJP_VARIANTS // (1 + len(in_patterns)) - 1)
+        budget = _MAX_VJP_VARIANTS // (1 + len(in_patterns)) - 1
+        ct_patterns = _cotangent_patterns(n_ct, budget)
+        # The pattern at the call (every perturbable input perturbed: grad of a loss
+        # with auxiliary outputs) gets each "one output dropped" pattern, whatever
+        # the budget left per family: at most n_ct - 1 traces more.
+        main_ct_patterns = _cotangent_patterns(n_ct, max(budget, n_ct))
         full_ct = (True,) * n_ct
         fwd_variants, bwd_variants = [], []
         families = [((), tuple(perturbed), getattr(main, "fwd_traced", None))]
@@ -380,7 +385,7 @@ class TraceSession:
             bwd_variants.append((pattern, full_ct, traced))
             families.append((pattern, tuple(flags), getattr(traced, "fwd_traced", None)))
         for family, flags, fwd in families:
-            for ct_pattern in ct_patterns:
+            for ct_pattern in (main_ct_patterns if family == () else ct_patterns):
                 bwd_variants.append((family, ct_pattern, trace_pattern(flags, ct_pattern, fwd)))
         return fwd_variants, bwd_variants
 

@@ -67,6 +67,7 @@ def dumps(program) -> bytes:
         hint = ("; a compiled executable saves itself: executable.save(path)"
                 if hasattr(program, "save") else "")
         raise SaveError(f"expected a jaxpr_cc.Program, got {type(program).__name__}{hint}")
+    program = _with_every_pattern(program)
     with _gc_paused():
         program_json, arrays = encode_program(program)
         data = container.pack_archive(container.build_entries(program_json, arrays, _versions()))
@@ -78,6 +79,14 @@ def dumps(program) -> bytes:
             raise SaveError(f"cannot save {program.name}: it would not read back "
                             f"({type(e).__name__}: {e})") from None
     return data
+
+
+def _with_every_pattern(program):
+    """``program`` with a body for every perturbation pattern of its symbolic-zeros
+    rules: the file has no Python rule to trace one from later
+    (``closure.saved_patterns``)."""
+    from ..closure.saved_patterns import complete_patterns
+    return complete_patterns(program)
 
 
 def save(program, path) -> None:

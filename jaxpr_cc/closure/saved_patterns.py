@@ -1,0 +1,291 @@
+"""A symbolic-zeros rule's bodies for every perturbation pattern, before a program
+leaves the process.
+
+In-process, a symbolic-zeros ``custom_vjp`` / ``custom_jvp`` rule (and the
+``linear_call`` that vjp-to-jvp makes of its bwd) traces the body for a pattern of
+perturbed inputs / nonzero output cotangents the first time JAX gives that pattern
+(``rules.PatternRules``, the ``pattern_rules`` param); only a small budget of
+patterns is traced up front (``session._MAX_PATTERN_INPUTS``,
+``session._MAX_VJP_VARIANTS``).  A saved program or an emitted module has no Python
+rule left to trace: it has the variant regions only, and a pattern they do not
+list runs the main body, with dense zeros where JAX gives the rule a
+``SymbolicZero``: a rule that skips a zero term to avoid ``0 * inf`` would give NaN
+where JAX gives a number.
+
+``complete_patterns(program)`` therefore traces, while tracing is still possible,
+every pattern JAX can give each such rule and adds it to the rule's variant
+regions, on a copy of the program.  The patterns JAX can give: inputs among those
+perturbable when the rule was traced (the rest are constants of the traced
+function, never perturbed), any nonempty subset of them; output cotangents: any
+subset of the outputs the program uses (an output nothing reads never gets a
+cotangent).  At most ``MAX_SAVED_PATTERNS`` bodies per rule are traced: a rule
+needing more keeps the patterns traced up front, and a ``SavedPatternsWarning``
+names it (the other patterns run its main rule, as before).
+"""
+from __future__ import annotations
+
+import warnings
+from itertools import product
+
+from .rules import body, is_inexact
+
+#: Bodies traced at save / emit time per rule, at most (each is one trace of the
+#: user's rule and one region in the file).  A rule needing more keeps the patterns
+#: traced up front, with a ``SavedPatternsWarning`` naming it: equinox's rules take
+#: every array leaf of their arguments (optimistix's root finders: 9 perturbable
+#: inputs, 511 patterns; diffrax's adjoints: over 1,700), which would make every
+#: save trace them hundreds of times.
+MAX_SAVED_PATTERNS = 128
+
+
+class SavedPatternsWarning(UserWarning):
+    """A rule has more perturbation patterns than a saved program keeps: the ones not
+    traced up front run its main rule."""
+
+
+def complete_patterns(program):
+    """``program``, or a copy of it whose symbolic-zeros rules list a body for every
+    pattern JAX can give them (see the module doc).  The program itself is not
+    changed: its printed form stays the same."""
+    if not _has_pattern_rules(program.body):
+        return program
+    from .session import session
+    program = program.copy()
+    memo: dict = {}
+    # A body traced now that calls a custom function (a rule calling itself, as
+    # ``fixed_point``'s fwd does) must hold that call first-order, as the bodies
+    # traced with the program do: a session is active while they are traced.
+    completed: dict = {}
+    with session(**_session_options(program.body)):
+        for region, eqn in list(_first_order_equations(program.body)):
+            before = dict(eqn.params)
+            _complete(region, eqn, memo)
+            completed.setdefault(_same_rule_key(before), eqn.params)
+    # A rule that calls itself holds the call in its own bodies: the same rule (the
+    # same body regions), which must list the same patterns, or the call would be
+    # another custom function in an emitted module, its bodies emitted again.
+    for _, eqn in program.body.walk():
+        if "pattern_rules" in eqn.params:
+            done = completed.get(_same_rule_key(eqn.params))
+            if done is not None:
+                eqn.params = {**{k: v for k, v in eqn.params.items() if k != "pattern_rules"},
+                              **{k: v for k, v in done.items() if k in _VARIANT_PARAMS}}
+    return program
+
+
+_BODY_PARAMS = ("fwd_jaxpr", "bwd_jaxpr", "jvp_jaxpr", "transpose_jaxpr")
+_VARIANT_PARAMS = frozenset({"fwd_variant_patterns", "fwd_variants", "bwd_variant_patterns",
+                             "bwd_variants", "jvp_variant_patterns", "jvp_variants",
+                             "transpose_variant_patterns", "transpose_variants"})
+
+
+def _same_rule_key(params: dict) -> tuple:
+    """Equations of one rule: the same body regions (objects)."""
+    return tuple((k, id(params[k])) for k in _BODY_PARAMS if k in params)
+
+
+def _first_order_equations(top):
+    """``(region, eqn)`` for the equations with patterns to complete that a first
+    derivative of the program runs: those of the program's regions (loop and branch
+    bodies, calls), and the ``linear_call`` in a jvp rule vjp-to-jvp made (its
+    transpose is the reverse mode of the user's bwd).  Rules called inside another
+    rule's bodies run at higher orders only: they keep the patterns traced up front
+    (docs/closure.md)."""
+    seen, stack = {id(top)}, [top]
+    while stack:
+        region = stack.pop()
+        for eqn in region.equations:
+            if "pattern_rules" in eqn.params:
+                yield region, eqn
+            name = eqn.prim.name
+            for key, _, sub in eqn.regions():
+                if name == "custom_jvp_call" and key in ("jvp_jaxpr", "jvp_variants"):
+                    for inner in sub.equations:
+                        if inner.prim.name == "linear_call" and "pattern_rules" in inner.params:
+                            yield sub, inner
+                    continue
+                if name in ("custom_jvp_call", "custom_vjp_call", "linear_call"):
+                    continue
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    stack.append(sub)
+
+
+def _session_options(region) -> dict:
+    """The options the program's rules were traced with (their closed-over policy)."""
+    for _, eqn in region.walk():
+        if "pattern_rules" in eqn.params and "closed_over" in eqn.params:
+            return {"closed_over": eqn.params["closed_over"],
+                    "max_forward_size": eqn.params["max_forward_size"]}
+    return {}
+
+
+def _has_pattern_rules(region) -> bool:
+    return any("pattern_rules" in eqn.params for _, eqn in region.walk())
+
+
+def _complete(region, eqn, memo) -> None:
+    p = eqn.params
+    name = eqn.prim.name
+    if name == "custom_jvp_call":
+        new = _jvp_params(eqn, p, memo)
+    elif name == "custom_vjp_call":
+        new = _vjp_params(region, eqn, p, memo)
+    elif name == "linear_call":
+        new = _linear_params(region, eqn, p, memo)
+    else:
+        return
+    params = {k: v for k, v in p.items() if k != "pattern_rules"}
+    params.update(new)
+    eqn.params = params
+
+
+def _to_region(closed, memo):
+    """One Region per body (a body two patterns share is one region in the file)."""
+    from ..frontend.from_jaxpr import region_from_closed_jaxpr
+    closed = body(closed)
+    hit = memo.get(("made", id(closed)))
+    if hit is None or hit[0] is not closed:
+        hit = memo[("made", id(closed))] = (closed, region_from_closed_jaxpr(closed, None, memo))
+    return hit[1]
+
+
+def _subsets(universe: list[int], n: int, nonempty: bool = True):
+    """Patterns of length ``n`` over the positions ``universe`` (others False)."""
+    for bits in product((False, True), repeat=len(universe)):
+        if nonempty and not any(bits):
+            continue
+        pattern = [False] * n
+        for i, b in zip(universe, bits):
+            pattern[i] = b
+        yield tuple(pattern)
+
+
+def _within_limit(eqn, p, count: int, what: str) -> bool:
+    """Whether the rule's missing patterns are traced; if not, say so (a warning)."""
+    if count <= MAX_SAVED_PATTERNS:
+        return True
+    rule = p.get("name", eqn.prim.name)
+    source = p.get("source", "")
+    where = f" ({source})" if source else ""
+    warnings.warn(
+        f"symbolic-zeros rule '{rule}'{where} has {count} {what}, more than a saved program "
+        f"keeps (jaxpr_cc.closure.saved_patterns.MAX_SAVED_PATTERNS={MAX_SAVED_PATTERNS}): "
+        f"the saved or emitted program runs its main rule, with dense zeros, for the "
+        f"patterns not traced up front; pass fewer differentiable inputs to it (constants, "
+        f"stop_gradient, nondiff_argnums) or raise MAX_SAVED_PATTERNS",
+        SavedPatternsWarning, stacklevel=2)
+    return False
+
+
+def _arg_inexact(eqn, nc: int) -> list[int]:
+    return [i for i, a in enumerate(eqn.inputs[nc:]) if is_inexact(a.aval)]
+
+
+def _input_universe(rules, n_inexact: int) -> list[int]:
+    """Positions (over the inexact arguments) JAX may perturb: those perturbable
+    when the rule was traced (``rules.main``); a pattern longer than ``main`` has
+    leading positions the user's rule never sees (a vjp-to-jvp rule's closed-over
+    values, ordinary inputs there), each free."""
+    main = rules.main
+    if main is None or len(main) > n_inexact:
+        return list(range(n_inexact))
+    lead = n_inexact - len(main)
+    return list(range(lead)) + [lead + i for i, q in enumerate(main) if q]
+
+
+def _live_outputs(region, eqn, positions: list[int]) -> list[int]:
+    """Which of ``positions`` (output indices) anything reads: only those can get a
+    nonzero cotangent.  ``region`` holds ``eqn``."""
+    outvars = {id(v) for v in region.outvars}
+    return [k for k, j in enumerate(positions)
+            if region.has_users(eqn.outputs[j]) or id(eqn.outputs[j]) in outvars]
+
+
+def _jvp_params(eqn, p, memo) -> dict:
+    rules, nc = p["pattern_rules"], p["num_consts"]
+    const_avals = [a.aval for a in eqn.inputs[:nc]]
+    n = len(_arg_inexact(eqn, nc))
+    have = [tuple(q) for q in p.get("jvp_variant_patterns", ())]
+    wanted = [q for q in _subsets(_input_universe(rules, n), n) if q not in set(have)]
+    if not _within_limit(eqn, p, len(wanted), "patterns of perturbed inputs"):
+        return {}
+    patterns, regions = list(have), list(p.get("jvp_variants", ()))
+    for q in wanted:
+        made = rules.get(q, const_avals)
+        if made is not None:  # None: the main body is the one for q
+            patterns.append(q)
+            regions.append(_to_region(made, memo))
+    if len(patterns) == len(have):
+        return {}
+    return {"jvp_variant_patterns": tuple(patterns), "jvp_variants": tuple(regions)}
+
+
+def _vjp_params(region, eqn, p, memo) -> dict:
+    rules, nc = p["pattern_rules"], p["num_consts"]
+    const_avals = [a.aval for a in eqn.inputs[:nc]]
+    n = len(_arg_inexact(eqn, nc))
+    out_inexact = [j for j, v in enumerate(eqn.outputs) if is_inexact(v.aval)]
+    m = len(out_inexact)
+    main = tuple(rules.main) if rules.main is not None else (True,) * n
+    full = (True,) * m
+    fwd_have = {tuple(q): (r, k) for (q, k), r in zip(p.get("fwd_variant_patterns", ()),
+                                                      p.get("fwd_variants", ()))}
+    bwd_have = {(tuple(f), tuple(c)): r for (f, c), r in zip(p.get("bwd_variant_patterns", ()),
+                                                             p.get("bwd_variants", ()))}
+    in_patterns = [q for q in _subsets(_input_universe(rules, n), n) if q != main]
+    ct_patterns = list(_subsets(_live_outputs(region, eqn, out_inexact), m, nonempty=False))
+    count = sum(1 for q in in_patterns if q not in fwd_have)
+    count += sum(1 for f in [(), *in_patterns] for c in ct_patterns
+                 if (f, c) not in bwd_have and not (f == () and c == full))
+    if not _within_limit(eqn, p, count, "patterns of perturbed inputs and output cotangents"):
+        return {}
+    fwd_new, bwd_new = dict(fwd_have), dict(bwd_have)
+    families = [()]
+    for q in in_patterns:
+        if q not in fwd_new:
+            made = rules.get(("fwd", q), const_avals)
+            if made is None:  # the main fwd is the one for q (and its bwd family)
+                continue
+            fwd_new[q] = (_to_region(made[0], memo), made[1])
+        families.append(q)
+    for f in families:
+        for c in ct_patterns:
+            if (f, c) in bwd_new or (f == () and c == full):
+                continue
+            made = rules.get(("bwd", f or main, c), const_avals)
+            if made is not None:
+                bwd_new[(f, c)] = _to_region(made, memo)
+    # A family's bwd for every cotangent (what a loaded rule falls back to) must
+    # be there, or the loaded rule would pair the family's residuals with another bwd.
+    families_ok = {q for q in fwd_new if (q, full) in bwd_new}
+    fwd_new = {q: v for q, v in fwd_new.items() if q in families_ok}
+    bwd_new = {k: v for k, v in bwd_new.items() if k[0] == () or k[0] in families_ok}
+    if fwd_new.keys() == fwd_have.keys() and bwd_new.keys() == bwd_have.keys():
+        return {}
+    return {"fwd_variant_patterns": tuple((q, int(k)) for q, (_, k) in fwd_new.items()),
+            "fwd_variants": tuple(r for r, _ in fwd_new.values()),
+            "bwd_variant_patterns": tuple(bwd_new),
+            "bwd_variants": tuple(bwd_new.values())}
+
+
+def _linear_params(region, eqn, p, memo) -> dict:
+    rules, nr = p["pattern_rules"], p["num_res"]
+    const_avals = [a.aval for a in eqn.inputs[:nr]]
+    m = len(eqn.outputs)
+    full = (True,) * m
+    have = [tuple(c) for c in p.get("transpose_variant_patterns", ())]
+    wanted = [c for c in _subsets(_live_outputs(region, eqn, list(range(m))), m, nonempty=False)
+              if c != full and c not in set(have)]
+    if not _within_limit(eqn, p, len(wanted), "patterns of output cotangents"):
+        return {}
+    patterns, regions = list(have), list(p.get("transpose_variants", ()))
+    for c in wanted:
+        made = rules.get(c, const_avals)
+        if made is not None:
+            patterns.append(c)
+            regions.append(_to_region(made, memo))
+    if len(patterns) == len(have):
+        return {}
+    return {"transpose_variant_patterns": tuple(patterns),
+            "transpose_variants": tuple(regions)}
