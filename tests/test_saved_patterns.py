@@ -1,6 +1,6 @@
 """A saved program and an emitted module give JAX's numbers for every pattern of
 symbolic zeros JAX can give a rule, not only the patterns traced up front
-(``jaxpr_cc.closure.saved_patterns``).  Each rule below skips a term when its
+(``jaxpr_cc.frontend.saved_patterns``).  Each rule below skips a term when its
 input's tangent (or an output's cotangent) is a SymbolicZero, where the dense
 term is ``0 * inf = NaN``: running the main body for a pattern it was not traced
 for gives NaN where JAX gives a number.  Every expectation is JAX itself on the
@@ -17,7 +17,7 @@ import pytest
 from jax.custom_derivatives import SymbolicZero
 
 import jaxpr_cc
-from jaxpr_cc.closure import saved_patterns
+from jaxpr_cc.frontend import saved_patterns
 
 
 def _saved(f, args, tmp_path, passes=jaxpr_cc.DEFAULT_PIPELINE):
@@ -222,3 +222,21 @@ def test_saving_leaves_the_program_unchanged(tmp_path):
     jaxpr_cc.save(program, tmp_path / "p.jaxprcc")
     jaxpr_cc.emit_python(program)
     assert str(program) == printed
+
+
+def _staged_a_b_a(fn, args):
+    # Staged once (as equinox stages its rules), then differentiated with several
+    # patterns: JAX hands bwd the residual tree of the pattern traced last.
+    staged = jax.make_jaxpr(fn)(*args)
+
+    def h(*xs):
+        return jax.core.eval_jaxpr(staged.jaxpr, staged.consts, *xs)[0]
+    return (jax.grad(h, (0, 1, 2))(*args), jax.grad(h, 2)(*args), jax.grad(h, 1)(*args),
+            jax.grad(h, (0, 1, 2))(*args))
+
+
+@pytest.mark.parametrize("how", ["saveload", "emit"])
+def test_completed_patterns_staged_then_differentiated_a_b_a(how, tmp_path):
+    args = (jnp.float32(1.5), jnp.float32(2.0), jnp.float32(1.0))
+    g = (_saved if how == "saveload" else _emitted)(_first_two, args, tmp_path)
+    _close(_staged_a_b_a(g, args), _staged_a_b_a(_first_two, args))

@@ -105,8 +105,8 @@ def emit_python_module(program, *, sidecar_name: str | None = None,
         from ..ir import program_services
         program = program_services.with_forward_mode(program)
     # The module has no Python rule to trace a symbolic-zeros rule's patterns from
-    # later: every pattern JAX can give is traced now (closure.saved_patterns).
-    from ..closure.saved_patterns import complete_patterns
+    # later: every pattern JAX can give is traced now (frontend.saved_patterns).
+    from ..frontend.saved_patterns import complete_patterns
     program = complete_patterns(program)
     # The linear_call rules forward mode runs (batching, transposition with known
     # linear operands) are registered by importing jaxpr_cc: the module imports it.

@@ -84,8 +84,8 @@ def dumps(program) -> bytes:
 def _with_every_pattern(program):
     """``program`` with a body for every perturbation pattern of its symbolic-zeros
     rules: the file has no Python rule to trace one from later
-    (``closure.saved_patterns``)."""
-    from ..closure.saved_patterns import complete_patterns
+    (``frontend.saved_patterns``)."""
+    from ..frontend.saved_patterns import complete_patterns
     return complete_patterns(program)
 
 

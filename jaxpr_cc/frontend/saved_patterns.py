@@ -27,7 +27,8 @@ from __future__ import annotations
 import warnings
 from itertools import product
 
-from .rules import body, is_inexact
+from ..closure.rules import body, is_inexact
+from ..ir.layouts import closed_over_count
 
 #: Bodies traced at save / emit time per rule, at most (each is one trace of the
 #: user's rule and one region in the file).  A rule needing more keeps the patterns
@@ -49,7 +50,7 @@ def complete_patterns(program):
     changed: its printed form stays the same."""
     if not _has_pattern_rules(program.body):
         return program
-    from .session import session
+    from ..closure.session import session
     program = program.copy()
     memo: dict = {}
     # A body traced now that calls a custom function (a rule calling itself, as
@@ -142,7 +143,7 @@ def _complete(region, eqn, memo) -> None:
 
 def _to_region(closed, memo):
     """One Region per body (a body two patterns share is one region in the file)."""
-    from ..frontend.from_jaxpr import region_from_closed_jaxpr
+    from .from_jaxpr import region_from_closed_jaxpr
     closed = body(closed)
     hit = memo.get(("made", id(closed)))
     if hit is None or hit[0] is not closed:
@@ -170,7 +171,7 @@ def _within_limit(eqn, p, count: int, what: str) -> bool:
     where = f" ({source})" if source else ""
     warnings.warn(
         f"symbolic-zeros rule '{rule}'{where} has {count} {what}, more than a saved program "
-        f"keeps (jaxpr_cc.closure.saved_patterns.MAX_SAVED_PATTERNS={MAX_SAVED_PATTERNS}): "
+        f"keeps (jaxpr_cc.frontend.saved_patterns.MAX_SAVED_PATTERNS={MAX_SAVED_PATTERNS}): "
         f"the saved or emitted program runs its main rule, with dense zeros, for the "
         f"patterns not traced up front; pass fewer differentiable inputs to it (constants, "
         f"stop_gradient, nondiff_argnums) or raise MAX_SAVED_PATTERNS",
@@ -203,7 +204,7 @@ def _live_outputs(region, eqn, positions: list[int]) -> list[int]:
 
 
 def _jvp_params(eqn, p, memo) -> dict:
-    rules, nc = p["pattern_rules"], p["num_consts"]
+    rules, nc = p["pattern_rules"], closed_over_count(eqn)
     const_avals = [a.aval for a in eqn.inputs[:nc]]
     n = len(_arg_inexact(eqn, nc))
     have = [tuple(q) for q in p.get("jvp_variant_patterns", ())]
@@ -222,7 +223,7 @@ def _jvp_params(eqn, p, memo) -> dict:
 
 
 def _vjp_params(region, eqn, p, memo) -> dict:
-    rules, nc = p["pattern_rules"], p["num_consts"]
+    rules, nc = p["pattern_rules"], closed_over_count(eqn)
     const_avals = [a.aval for a in eqn.inputs[:nc]]
     n = len(_arg_inexact(eqn, nc))
     out_inexact = [j for j, v in enumerate(eqn.outputs) if is_inexact(v.aval)]
