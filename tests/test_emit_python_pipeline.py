@@ -27,6 +27,7 @@ def test_pipeline_output_emits_for_every_traceable_program(emitted_after_pipelin
     assert len(emitted_after_pipeline) >= 50
 
 
+@pytest.mark.heavy  # a fresh process emitting the whole corpus (~30 s); the in-process checks stay default
 def test_pipeline_output_runs_in_a_fresh_process_with_gradients(emitted_after_pipeline, tmp_path):
     report = _run_fresh(emitted_after_pipeline, tmp_path, grads="all", exact=False)
     grads = [n for n, ts in report["checked"].items() if "grad" in ts]

@@ -149,6 +149,7 @@ def test_third_derivative_wrt_a_closed_over_parameter_in_forward_mode_too(compos
                                    float(_derivative(closed_over_unrolled, ops)(x)), rtol=1e-6)
 
 
+@pytest.mark.heavy  # third order through float32 loops (~15 s); orders one and two stay default
 def test_the_float32_example_solver_to_third_order():
     # jaxpr_cc.examples.fixed_point: float32, stops at steps below 1e-6.  With the
     # explicit argument the derivatives are the user's implicit rule at every order.

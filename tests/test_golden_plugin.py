@@ -45,6 +45,7 @@ def test_the_fixture_comes_from_the_entry_point(project):
     result.stdout.fnmatch_lines(["*fixture 'golden' not found*"])
 
 
+@pytest.mark.heavy  # runs pytest three times in a subprocess (~25 s)
 def test_missing_goldens_fail_then_changes_show_a_diff_until_updated(project):
     result = _run(project)
     result.assert_outcomes(failed=1)

@@ -209,7 +209,7 @@ def large_loop_moving_start(theta):
 
 
 @pytest.mark.parametrize("fun", [pytest.param(large_loop, marks=pytest.mark.heavy),
-                                 large_loop_moving_start])
+                                 pytest.param(large_loop_moving_start, marks=pytest.mark.heavy)])
 def test_forward_mode_of_an_uncertified_loop_too_large_for_its_jacobian_is_the_loops(fun):
     theta = jnp.full(N_LARGE, 0.3, jnp.float32)
     t = jnp.asarray(np.random.default_rng(0).normal(size=N_LARGE), jnp.float32)

@@ -879,6 +879,7 @@ def _run_cli_cases(tmp_path, cases) -> None:
     assert os.listdir(workdir) == []
 
 
+@pytest.mark.heavy  # one CLI process per malformed file (~25 s); the in-process loader checks stay default
 def test_command_line_refuses_malformed_files(tmp_path):
     """One case of each kind through ``jaxpr-cc show`` (each start-up imports JAX)."""
     cases = _cli_cases(tmp_path, per_category=1)

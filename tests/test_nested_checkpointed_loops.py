@@ -72,7 +72,7 @@ def test_nested_checkpointed_loops_match_jax(n_steps):
 # Each case traces diffrax's solve twice (trace, jit) and JAX's once: only the
 # smallest runs by default.
 @pytest.mark.parametrize("solver_name,n_steps", [
-    ("Heun", 2),
+    pytest.param("Heun", 2, marks=pytest.mark.heavy),  # ~25 s; ck4 covers the mechanism by default
     pytest.param("Heun", 3, marks=pytest.mark.heavy),
     pytest.param("Tsit5", 2, marks=pytest.mark.heavy),
     pytest.param("Tsit5", 4, marks=pytest.mark.heavy),

@@ -521,9 +521,15 @@ def _convert_forward_only(region: Region, eqn: Equation) -> dict | None:
         return None
     target = forward_only_target(holder)
     avals = [a.aval for a in eqn.inputs]
-    jaxpr, consts, _ = _trace("jvp", eqn.params["jvp_jaxpr_fun"],
-                              lambda *xs: forward_only(target, FORWARD_ONLY_LEVELS)(*xs),
-                              avals, "forward_only")
+    try:
+        jaxpr, consts, _ = _trace("jvp", eqn.params["jvp_jaxpr_fun"],
+                                  lambda *xs: forward_only(target, FORWARD_ONLY_LEVELS)(*xs),
+                                  avals, "forward_only")
+    except (TypeError, ValueError):
+        # The equation was batched (jax.vmap of the function holding it): its
+        # operands have a batch axis ``target`` was not made for.  Converted as
+        # any custom_jvp staged in JAX's form.
+        return None
     made = [e for e in jaxpr.eqns if e.primitive.name == "custom_jvp_call"]
     if consts or len(jaxpr.eqns) != 1 or len(made) != 1:
         return None
