@@ -4,22 +4,12 @@ staged fwd per pattern but hands bwd the residual tree of the pattern traced
 last, so which fwd ran travels in a residual's shape, not in pytree static data
 (as equinox's nested checkpointed loops stage and differentiate them).
 References: analytic derivatives."""
-import importlib.util
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+from emitted import emitted_function
 
 import jaxpr_cc
-
-
-def _emit(program, tmp_path):
-    path = tmp_path / f"{program.name}.py"
-    jaxpr_cc.write_python(program, path)
-    spec = importlib.util.spec_from_file_location(program.name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, program.name)
 
 
 def _a_b_a(fn, x, w):
@@ -41,7 +31,7 @@ def test_closed_over_operands_staged_then_differentiated_a_b_a(tmp_path):
         g.defvjp(lambda y: (g(y), y), lambda y, ct: (ct * w * jnp.cos(w * y),))
         return g(x)
     x, w = jnp.float32(0.7), jnp.float32(1.3)
-    emitted = _emit(jaxpr_cc.trace(sine, x, w), tmp_path)
+    emitted = emitted_function(jaxpr_cc.trace(sine, x, w), tmp_path)
     d_x, d_w = w * np.cos(w * x), x * np.cos(w * x)
     np.testing.assert_allclose(_a_b_a(emitted, x, w), [d_x, d_w, d_x, d_x, d_w], rtol=1e-6)
 
@@ -55,5 +45,5 @@ def test_symbolic_zero_variants_staged_then_differentiated_a_b_a(tmp_path):
                    lambda res, ct: (ct * res[1], ct * res[0]), symbolic_zeros=True)
         return mul(x, w)
     x, w = jnp.float32(2.0), jnp.float32(3.0)
-    emitted = _emit(jaxpr_cc.trace(product, x, w), tmp_path)
+    emitted = emitted_function(jaxpr_cc.trace(product, x, w), tmp_path)
     np.testing.assert_allclose(_a_b_a(emitted, x, w), [3.0, 2.0, 3.0, 3.0, 2.0])
