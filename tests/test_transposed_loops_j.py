@@ -345,3 +345,22 @@ def test_caps_that_differ_between_lanes_of_a_vmapped_loop_give_nan():
     assert np.all(np.isnan(np.asarray(got)))
     per_lane = jax.jacfwd(jaxpr_cc.jit(lambda xs: jnp.stack([f(xs[0], 2), f(xs[1], 7)])))(xs)
     np.testing.assert_allclose(per_lane, want, rtol=1e-10)
+
+
+@pytest.mark.parametrize("carried", ["gap", "flag"])
+def test_a_gap_or_flag_that_starts_converged_is_refused(carried):
+    # The carried gap starts at 0 (or the flag at False): the loop never runs
+    # and returns its start c g, not its limit.  Refused.
+    def bwd(c, g):
+        def body(t):
+            x, _ = t
+            xn = 0.5 * x + c * g
+            gap = jnp.max(jnp.abs(xn - x))
+            return xn, (gap if carried == "gap" else gap > 1e-13)
+        cond = (lambda t: t[1] > 1e-13) if carried == "gap" else (lambda t: t[1])
+        x, _ = lax.while_loop(cond, body, (c * g, 0.0 if carried == "gap" else False))
+        return (x,)
+    f = _sin_with_bwd(bwd)
+    np.testing.assert_allclose(jax.jacrev(f)(X), np.diag(np.cos(X)), rtol=1e-15)
+    with pytest.raises(ForwardModeRefusedError, match="already met at the start"):
+        jax.jacfwd(jaxpr_cc.jit(f))(X)

@@ -849,7 +849,27 @@ def _read_convergence_test(eqn, lin, tags: dict | None = None) -> str | None:
     if _tolerance_reads(cond, counted, tags):
         return ("its tolerance changes with the iteration count (a cap written through the "
                 "tolerance)")
+    if _stops_at_its_start(eqn):
+        return ("its test is already met at the start (a gap or flag that starts 'converged'), "
+                "so the loop never runs and returns its start, not its limit")
     return None
+
+
+def _stops_at_its_start(eqn) -> bool:
+    """Whether the loop's test, when everything it reads at the start is a
+    literal, is false there: the loop never runs."""
+    p = eqn.params
+    cc, bc = p["cond_nconsts"], p["body_nconsts"]
+    cond = p["cond_jaxpr"]
+    _, reads = jx.dce_jaxpr(cond.jaxpr, [True])
+    operands = list(eqn.invars[:cc]) + list(eqn.invars[cc + bc:])
+    if not any(reads) or not all(isinstance(a, Literal) for a, r in zip(operands, reads) if r):
+        return False
+    args = [a.val if isinstance(a, Literal) else jnp.zeros(a.aval.shape, a.aval.dtype)
+            for a in operands]
+    with jax.ensure_compile_time_eval():  # literals: a value now, even inside a trace
+        (pred,) = jx.eval_jaxpr(cond.jaxpr, cond.consts, *args)
+    return not bool(np.any(np.asarray(pred)))
 
 
 def _tolerance_reads(jaxpr, flags, tags) -> bool:
