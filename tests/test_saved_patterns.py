@@ -7,7 +7,6 @@ for gives NaN where JAX gives a number.  Every expectation is JAX itself on the
 original function."""
 from __future__ import annotations
 
-import importlib.util
 import itertools
 
 import jax
@@ -15,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.custom_derivatives import SymbolicZero
+
+from emitted import emitted_function
 
 import jaxpr_cc
 from jaxpr_cc.frontend import saved_patterns
@@ -32,13 +33,9 @@ _n = itertools.count()
 
 def _emitted(f, args, tmp_path, passes=jaxpr_cc.DEFAULT_PIPELINE):
     program = jaxpr_cc.run_passes(jaxpr_cc.trace(f, *args), passes)
-    k = next(_n)
-    path = tmp_path / f"emitted_{k}.py"
-    jaxpr_cc.write_python(program, path)
-    spec = importlib.util.spec_from_file_location(f"saved_patterns_emitted_{k}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, program.name)
+    directory = tmp_path / f"emitted_{next(_n)}"  # one directory per emit in a test
+    directory.mkdir()
+    return emitted_function(program, directory)
 
 
 def _close(got, want):
