@@ -175,6 +175,39 @@ def cases(out_dir: Path):
                 problems.append(f"output {i}: on {r.sharding}, jax.jit gives {w.sharding}")
         return problems
 
+    def executable_with_a_constant_on_another_mesh_lays_out_as_jit():
+        # The argument is on an ('x', 'y') mesh and a closed-over array on a
+        # ('p', 'q') mesh of the same devices.  jax.jit embeds the constant, so
+        # the argument's mesh names the results' layouts.  The executable
+        # (in memory and saved) used to put both results on the constant's
+        # mesh, replicated (x itself came back P()).
+        import tempfile
+        mx = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+        mp = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("p", "q"),
+                               axis_types=(AxisType.Auto,) * 2)
+        w = jax.device_put(jnp.arange(64.0).reshape(8, 8), jax.sharding.NamedSharding(mp, P("p")))
+        x = jax.device_put(jnp.ones((8, 8)), jax.sharding.NamedSharding(mx, P("x", "y")))
+
+        def g(x):
+            return x * 2 + w.sum(), x + w, x
+        want = jax.jit(g)(x)
+        problems = []
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                exe = jaxpr_cc.jit(g).executable(x)
+                exe.save(f"{tmp}/g.jxe")
+                runs = {"executable": exe(x), "loaded": load_executable(f"{tmp}/g.jxe")(x)}
+            except Exception as e:  # noqa: BLE001 -- reported as a problem
+                return [f"{type(e).__name__}: {str(e)[:300]}"]
+        for label, got in runs.items():
+            for i, (r, ref) in enumerate(zip(got, want)):
+                if not np.array_equal(np.asarray(r), np.asarray(ref)):
+                    problems.append(f"{label} output {i}: value differs from jax.jit's")
+                if r.sharding != ref.sharding:
+                    problems.append(f"{label} output {i}: on {r.sharding}, jax.jit gives "
+                                    f"{ref.sharding}")
+        return problems
+
     def executable_refuses_in_shardings_that_move_a_committed_argument():
         # jax.jit does not move a committed array to another in_sharding: it
         # raises, and so does .executable (its own lowering would otherwise
@@ -268,6 +301,8 @@ def cases(out_dir: Path):
             executable_refuses_in_shardings_that_move_a_committed_argument,
         "executable_over_two_meshes_of_the_same_devices_saves":
             executable_over_two_meshes_of_the_same_devices_saves,
+        "executable_with_a_constant_on_another_mesh_lays_out_as_jit":
+            executable_with_a_constant_on_another_mesh_lays_out_as_jit,
         "jit_program_compiles_as_jit_places_it": jit_program_compiles_as_jit_places_it,
         "vmap_of_shard_map_custom_vjp_with_constants":
             vmap_of_shard_map_custom_vjp_with_constants,
@@ -280,6 +315,7 @@ CASE_NAMES = ("saved_executable_keeps_each_shardings_axis_types",
               "emitted_python_keeps_closed_over_placements",
               "executable_refuses_in_shardings_that_move_a_committed_argument",
               "executable_over_two_meshes_of_the_same_devices_saves",
+              "executable_with_a_constant_on_another_mesh_lays_out_as_jit",
               "jit_program_compiles_as_jit_places_it",
               "vmap_of_shard_map_custom_vjp_with_constants",
               "device_executable_kept_through_save_and_load")

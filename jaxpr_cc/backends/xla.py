@@ -309,7 +309,22 @@ def _param_shardings(program: Program, arg_shardings: Sequence[Any],
         for s, v in zip(arg_shardings, arg_invars))
     if not spans_devices:
         return [None] * n_params
-    return [_param_sharding(p, v.aval) for p, v in zip(program.params, invars)]
+    # jax.jit names its results' layouts on the mesh of its first sharded
+    # argument (the constants are embedded, so they have none): a parameter read
+    # replicated over the same devices is read on that mesh, so that the first
+    # sharding JAX sees is an argument's.
+    arg_mesh = next((s.mesh for s, v in zip(arg_shardings, arg_invars)
+                     if isinstance(s, jax.sharding.NamedSharding)
+                     and isinstance(s.mesh, jax.sharding.Mesh)
+                     and (keep_unused or program.body.has_users(v))), None)
+    shardings = [_param_sharding(p, v.aval) for p, v in zip(program.params, invars)]
+    if arg_mesh is None:
+        return shardings
+    return [jax.sharding.NamedSharding(arg_mesh, jax.sharding.PartitionSpec(),
+                                       memory_kind=s.memory_kind)
+            if (isinstance(s, jax.sharding.NamedSharding) and s.is_fully_replicated
+                and s.mesh != arg_mesh and s.device_set == set(arg_mesh.devices.flat))
+            else s for s in shardings]
 
 
 def _param_sharding(value: Any, aval: Any):
