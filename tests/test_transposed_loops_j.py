@@ -185,15 +185,25 @@ def test_a_cap_that_convergence_beats_gives_the_limit():
     np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-12)
 
 
-def test_a_loop_whose_previous_iterate_starts_equal_is_refused():
+def _starts(same):
+    """(prev, x) starting equal: one variable, or equal values built apart."""
+    return {"one variable": lambda c, g: (c * g, c * g),
+            "commuted product": lambda c, g: (g * c, c * g),
+            "plus zero": lambda c, g: (c * g + 0.0, c * g),
+            "times one": lambda c, g: (1.0 * (c * g), c * g)}[same]
+
+
+@pytest.mark.parametrize("same", ["one variable", "commuted product", "plus zero", "times one"])
+def test_a_loop_whose_previous_iterate_starts_equal_is_refused(same):
     # (prev, x) = (c g, c g): the change test is met at once, the bwd returns
-    # its start c g; the limit would be 2 c g.  Refused, not the limit.
+    # its start c g; the limit would be 2 c g.  Refused, not the limit, also
+    # when the two starts are equal values built by different equations.
     def bwd(c, g):
         def body(t):
             _, x = t
             return x, 0.5 * x + c * g
         _, x = lax.while_loop(lambda t: jnp.max(jnp.abs(t[1] - t[0])) > 1e-12, body,
-                              (c * g, c * g))
+                              _starts(same)(c, g))
         return (x,)
     f = _sin_with_bwd(bwd)
     with pytest.raises(ForwardModeRefusedError, match="starts equal to carry"):

@@ -43,6 +43,7 @@ import numpy as np
 from .. import jax_adapter as jx
 from ..jax_adapter import ClosedJaxpr, Literal
 from .convergence import COUNTER, STATE, carry_kinds, convergence_test, loop_cap
+from .value_numbers import value_numbers
 
 
 class NotTransposableError(ValueError):
@@ -273,6 +274,38 @@ class _lenient:
         _LENIENT[0] -= 1
 
 
+#: The jaxprs being read (innermost last), each with its value numbers once
+#: asked for: a loop's carries are compared by value in the jaxpr that starts it.
+_ENCLOSING: list = []
+
+
+class _reading:
+    """Within: equations read belong to ``jaxpr``."""
+
+    def __init__(self, jaxpr):
+        self.entry = [jaxpr, None]
+
+    def __enter__(self):
+        _ENCLOSING.append(self.entry)
+
+    def __exit__(self, *exc):
+        _ENCLOSING.pop()
+
+
+def _same_value(a, b) -> bool:
+    """Whether atoms ``a`` and ``b`` of the jaxpr being read hold the same value
+    by construction (see ``value_numbers``)."""
+    if a is b:
+        return True
+    if not _ENCLOSING:
+        return False
+    entry = _ENCLOSING[-1]
+    if entry[1] is None:
+        entry[1] = value_numbers(entry[0])
+    numbers = entry[1]
+    return a in numbers and b in numbers and numbers[a] == numbers[b]
+
+
 def first_nonlinear_equation(jaxpr, linear: Sequence[bool]) -> "Problem | None":
     """The first equation that keeps ``jaxpr`` from being linear in the inputs
     marked ``linear`` (a :class:`Problem`), or None when none is found."""
@@ -310,6 +343,11 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
     (the top level); inside calls and loops an output that does not carry them is
     a coefficient the enclosing jaxpr may use.
     """
+    with _reading(jaxpr):
+        return _scan_equations(jaxpr, linear, zeros, check_outputs=check_outputs)
+
+
+def _scan_equations(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
     dep = {v for v, flag in zip(jaxpr.invars, linear) if flag}
     live = _live_equations(jaxpr)
     used = _used_vars(jaxpr, live)
@@ -816,7 +854,7 @@ def _read_convergence_test(eqn, lin, tags: dict | None = None) -> str | None:
     kinds, copies = classified
     carries_in = eqn.invars[cc + bc:]
     for i, j in copies.items():
-        if lin[i] and carries_in[i] is carries_in[j]:
+        if lin[i] and _same_value(carries_in[i], carries_in[j]):
             # (x_prev, x) = (g, g): the change test is met before the first
             # step, so the loop returns its start, not its limit.
             return (f"carry {i} (the previous iterate) starts equal to carry {j}, so the "
@@ -961,6 +999,15 @@ def eval_linear(jaxpr, consts, args, linear) -> list:
         env[v] = x
         if flag:
             dep.add(v)
+    with _reading(jaxpr):
+        _eval_equations(jaxpr, env, dep)
+    return [read(a) for a in jaxpr.outvars]
+
+
+def _eval_equations(jaxpr, env: dict, dep: set) -> None:
+    def read(a):
+        return a.val if isinstance(a, Literal) else env[a]
+
     live = _live_equations(jaxpr)
     used = _used_vars(jaxpr, live)
     for eqn, is_live in zip(jaxpr.eqns, live):
@@ -980,7 +1027,6 @@ def eval_linear(jaxpr, consts, args, linear) -> list:
             env[v] = x
             if flag:
                 dep.add(v)
-    return [read(a) for a in jaxpr.outvars]
 
 
 def _eval_linear_eqn(eqn, invals, flags, used):
