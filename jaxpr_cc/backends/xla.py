@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 from jax import tree_util
+from jax.experimental.layout import Format
 
 from ..ir.calling_convention import check_argument_types
 from ..ir.program import Program
@@ -131,8 +132,8 @@ def compile(program: Program, *, in_shardings: Any = None, out_shardings: Any = 
     of the result.  Bound parameters (hoisted constants) are read as jax.jit reads
     the constants they were: on a mesh, replicated, unless their type names their
     layout (Explicit axes), so results have jax.jit's shardings.  Without
-    ``in_shardings`` and ``out_shardings`` the executable runs where its committed
-    arguments are, compiling once for each new placement, as jax.jit does.
+    ``in_shardings`` the executable runs where its committed arguments are,
+    compiling once for each new placement, as jax.jit does.
     ``donate_argnums`` are positional arguments whose buffers XLA may reuse.
     """
     if not isinstance(program, Program):
@@ -146,11 +147,11 @@ def compile(program: Program, *, in_shardings: Any = None, out_shardings: Any = 
         # their layout unless in_shardings says otherwise (jax.jit's rule too).
         flat_in = [s if s is not None else t for s, t in zip(flat_in, program.arg_shardings)]
     donated = _donated_leaves(program, donate_argnums, args_tree)
-    # Without in_shardings or out_shardings the executable follows its committed
-    # arguments, as jax.jit does (the traced layouts above are only the first guess).
+    # Without in_shardings the executable follows its committed arguments, as
+    # jax.jit does (the traced layouts above are only the first guess).
     return compile_flat(program, flat_in, out_shardings=out_shardings, donated=donated,
                         compiler_options=compiler_options,
-                        follow_arguments=in_shardings is None and out_shardings is None)
+                        follow_arguments=in_shardings is None)
 
 
 def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *,
@@ -172,6 +173,11 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
     n_args = len(avals) - n_params
     if arg_shardings is None:
         arg_shardings = [None] * n_args
+    # Format(layout, sharding) entries ask for a memory layout too: placement is
+    # decided by their shardings, and jax.jit is handed the Formats.
+    layouts = [None] * n_params + [s.layout if isinstance(s, Format) else None
+                                   for s in arg_shardings]
+    arg_shardings = [s.sharding if isinstance(s, Format) else s for s in arg_shardings]
     in_flat = _param_shardings(program, arg_shardings, keep_unused) + list(arg_shardings)
     if on_device is not None:
         in_flat = [on_device] * len(avals)
@@ -185,8 +191,9 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
     _name_function(tree_fun, program.name)
 
     jit_kwargs: dict[str, Any] = {"keep_unused": True} if keep_unused else {}
-    if any(s is not None for s in in_flat):
-        jit_kwargs["in_shardings"] = tuple(in_flat)
+    if any(s is not None for s in in_flat) or any(x is not None for x in layouts):
+        jit_kwargs["in_shardings"] = tuple(s if layout is None else Format(layout, s)
+                                           for s, layout in zip(in_flat, layouts))
     if out_shardings is not None:
         jit_kwargs["out_shardings"] = out_shardings
     if donated:
@@ -202,7 +209,7 @@ def compile_flat(program: Program, arg_shardings: Sequence[Any] | None = None, *
         return jax.export.export(jax.jit(fun, **kw))(*specs)
 
     unpinned = not jit_kwargs.get("in_shardings") and out_shardings is None
-    follow = (follow_arguments and out_shardings is None) or unpinned
+    follow = follow_arguments or unpinned
     param_in = in_flat[:n_params]
     if on_device is None and not jit_kwargs.get("in_shardings"):
         param_in = None  # decided for each placement of the arguments
@@ -309,22 +316,24 @@ def _param_shardings(program: Program, arg_shardings: Sequence[Any],
         for s, v in zip(arg_shardings, arg_invars))
     if not spans_devices:
         return [None] * n_params
-    # jax.jit names its results' layouts on the mesh of its first sharded
-    # argument (the constants are embedded, so they have none): a parameter read
-    # replicated over the same devices is read on that mesh, so that the first
-    # sharding JAX sees is an argument's.
+    # jax.jit embeds the constants the parameters were: every device of the
+    # computation holds all of each, and the arguments decide where it runs and on
+    # which mesh its results' layouts are named (the first sharded argument's).
+    # A parameter whose type does not name its layout is read replicated on that
+    # mesh, wherever it sits (one device, a larger mesh, the same devices under
+    # other axis names): XLA then takes neither its devices nor its mesh.
     arg_mesh = next((s.mesh for s, v in zip(arg_shardings, arg_invars)
                      if isinstance(s, jax.sharding.NamedSharding)
                      and isinstance(s.mesh, jax.sharding.Mesh)
                      and (keep_unused or program.body.has_users(v))), None)
-    shardings = [_param_sharding(p, v.aval) for p, v in zip(program.params, invars)]
-    if arg_mesh is None:
-        return shardings
-    return [jax.sharding.NamedSharding(arg_mesh, jax.sharding.PartitionSpec(),
-                                       memory_kind=s.memory_kind)
-            if (isinstance(s, jax.sharding.NamedSharding) and s.is_fully_replicated
-                and s.mesh != arg_mesh and s.device_set == set(arg_mesh.devices.flat))
-            else s for s in shardings]
+    shardings = []
+    for value, v in zip(program.params, invars):
+        sharding = _param_sharding(value, v.aval)
+        if arg_mesh is not None and sharding is not None and not _layout_in_type(v.aval):
+            sharding = jax.sharding.NamedSharding(arg_mesh, jax.sharding.PartitionSpec(),
+                                                  memory_kind=sharding.memory_kind)
+        shardings.append(sharding)
+    return shardings
 
 
 def _param_sharding(value: Any, aval: Any):
@@ -362,14 +371,14 @@ def _flat_arg_shardings(program: Program, in_shardings: Any, args_tree, kwargs_t
     if in_shardings is None:
         return [None] * (n_arg_leaves + n_kw_leaves)
     PartitionSpec = jax.sharding.PartitionSpec
-    if isinstance(in_shardings, (jax.sharding.Sharding, PartitionSpec)):
+    if isinstance(in_shardings, (jax.sharding.Sharding, PartitionSpec, Format)):
         return [_resolve_spec(program, in_shardings)] * (n_arg_leaves + n_kw_leaves)
     if isinstance(in_shardings, list):
         in_shardings = tuple(in_shardings)
     skeleton = tree_util.tree_unflatten(args_tree, [0] * n_arg_leaves)
 
     def is_leaf(x):
-        return x is None or isinstance(x, (jax.sharding.Sharding, PartitionSpec))
+        return x is None or isinstance(x, (jax.sharding.Sharding, PartitionSpec, Format))
     try:
         full = jax.tree.broadcast(in_shardings, skeleton, is_leaf=is_leaf)
         flat = args_tree.flatten_up_to(full)
@@ -377,9 +386,9 @@ def _flat_arg_shardings(program: Program, in_shardings: Any, args_tree, kwargs_t
         raise ValueError(f"jaxpr_cc.compile({program.name}): in_shardings must be a sharding or "
                          f"a pytree prefix of the positional arguments {args_tree}: {e}") from None
     for s in flat:
-        if s is not None and not isinstance(s, (jax.sharding.Sharding, PartitionSpec)):
+        if s is not None and not isinstance(s, (jax.sharding.Sharding, PartitionSpec, Format)):
             raise TypeError(f"jaxpr_cc.compile({program.name}): in_shardings entries must be "
-                            f"jax.sharding.Sharding, PartitionSpec or None, got "
+                            f"jax.sharding.Sharding, PartitionSpec, Format or None, got "
                             f"{type(s).__name__}")
     return [_resolve_spec(program, s) for s in flat] + [None] * n_kw_leaves
 
@@ -471,7 +480,7 @@ class Executable:
         # XLA checks shapes and dtypes but not weak types; one checker for programs
         # and executables gives the same rule and the same message.
         check_argument_types(self.name, leaves, self._arg_avals, (args, kwargs),
-                             what="executable")
+                             what="executable", mesh_matters=self._lower_on is not None)
         try:
             return self._fast(*leaves)
         except ValueError as refused:

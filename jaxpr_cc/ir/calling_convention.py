@@ -77,14 +77,35 @@ def _type_of(x: Any, accept_specs: bool = False):
         return None
 
 
-def _same_type(got, want, weak_matters: bool = True) -> bool:
+def _same_type(got, want, weak_matters: bool = True, mesh_matters: bool = True) -> bool:
     return (got.shape == want.shape and got.dtype == want.dtype
-            and (got.weak_type == want.weak_type or not weak_matters))
+            and (got.weak_type == want.weak_type or not weak_matters)
+            and (not mesh_matters or _same_mesh_type(got, want)))
+
+
+def _mesh_type(aval):
+    """The mesh part of ``aval``'s type (its sharding over an abstract mesh), or
+    None when its type names no mesh (an unplaced value, a single device)."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    return None if mesh is None or mesh.empty else sharding
+
+
+def _same_mesh_type(got, want) -> bool:
+    # A value placed on a mesh has that mesh in its type (JAX's avals carry it,
+    # and jax.jit traces again for another).  The program's equations are typed
+    # on the traced mesh: a value on another mesh is another type.  A value whose
+    # type names no mesh (NumPy, an unplaced array) is placed as traced.
+    want_mesh = _mesh_type(want)
+    if want_mesh is None:
+        return True
+    got_mesh = _mesh_type(got)
+    return got_mesh is None or got_mesh == want_mesh
 
 
 def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[Any],
                          args_and_kwargs: tuple, *, what: str = "program",
-                         accept_specs: bool = False) -> None:
+                         accept_specs: bool = False, mesh_matters: bool = True) -> None:
     """Raise ``TypeError`` if a leaf's type differs from the traced type.
 
     ``leaves`` are the flattened ``args_and_kwargs`` (used only to name the
@@ -94,6 +115,9 @@ def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[An
     An executable, like jax.jit's compiled one, checks shapes and dtypes only: the
     weak type was decided when it was compiled (a strongly typed float32 array runs
     one compiled for a Python float, and the other way round).
+    ``mesh_matters``: a value on another mesh than traced is refused (the
+    program's equations are typed on the traced mesh); an executable compiled for
+    fixed placements leaves that to XLA, which takes equivalent placements.
     """
     carries_aval = _CARRIES_AVAL
     weak_matters = what != "executable"
@@ -103,7 +127,8 @@ def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[An
                 break
             got = x.aval
             if (got.shape != want.shape or got.dtype != want.dtype
-                    or (got.weak_type != want.weak_type and weak_matters)):
+                    or (got.weak_type != want.weak_type and weak_matters)
+                    or (mesh_matters and not _same_mesh_type(got, want))):
                 break
         else:
             return
@@ -113,8 +138,18 @@ def check_argument_types(name: str, leaves: Sequence[Any], expected: Sequence[An
         if not hasattr(want, "shape"):  # tokens and other unshaped inputs
             continue
         got = _type_of(x, accept_specs)
-        if got is None or not hasattr(got, "shape") or not _same_type(got, want, weak_matters):
+        if got is None or not hasattr(got, "shape") or not _same_type(got, want, weak_matters,
+                                                                        mesh_matters):
             raise TypeError(_mismatch_message(name, what, i, x, got, want, args_and_kwargs))
+
+
+def _mesh_text(aval) -> str:
+    sharding = _mesh_type(aval)
+    mesh = sharding.mesh
+    axes = ", ".join(f"{n!r}: {k}" for n, k in zip(mesh.axis_names, mesh.axis_sizes))
+    types = sorted({t.name for t in mesh.axis_types})
+    spec = "" if all(e is None for e in sharding.spec) else f" as {sharding.spec}"
+    return f"on mesh ({axes}) with {'/'.join(types)} axes{spec}"
 
 
 def _leaf_path(index: int, args_and_kwargs: tuple) -> str:
@@ -149,6 +184,11 @@ def _mismatch_message(name, what, index, x, got, want, args_and_kwargs) -> str:
         if is_batch_tracer(x) and got.shape != want.shape else ""
     given = describe_type(got)
     head = f"{name}: {where} is {given}{inside}, but the {what} was {made} {traced}"
+    if got.shape == want.shape and got.dtype == want.dtype and not _same_mesh_type(got, want):
+        return (f"{name}: {where} is {given} {_mesh_text(got)}, but the {what} was {made} "
+                f"{traced} {_mesh_text(want)}; its equations are typed on that mesh: place "
+                f"the argument there (jax.device_put), or trace the function again with "
+                f"this placement (jax.jit would trace again too)")
     if _is_key_dtype(want.dtype) and not _is_key_dtype(got.dtype):
         fix = (f"the dtype is the problem: the {what} takes a typed PRNG key "
                f"(jax.random.key); pass one, e.g. jax.random.wrap_key_data(k) of raw key "

@@ -152,14 +152,16 @@ class Program:
         else:
             closed = self.to_jaxpr()
         from ..jax_adapter import evaluating_program
+        mesh = _argument_mesh(flat, [self.body.has_users(v) for v in self.arg_values])
+        params = _params_where_arguments_are(self.params, self.body.invars, mesh)
         with evaluating_program():  # custom_vjp rules in eager shard_map bodies
-            outs = eval_jaxpr(closed.jaxpr, closed.consts, *self.params, *flat)
+            outs = eval_jaxpr(closed.jaxpr, closed.consts, *params, *flat)
         # Literal and constant outputs come back from the evaluator as numpy-like
         # values, and passed-through inputs as given: return jax.Arrays, as jax.jit does
         # (jnp.asarray keeps the dtype and weak type).  Tracers are jax.Arrays already.
-        import jax
         import jax.numpy as jnp
         outs = [o if isinstance(o, jax.Array) else jnp.asarray(o) for o in outs]
+        outs = _constants_where_arguments_are(outs, [*params, *closed.consts], mesh)
         return tree_util.tree_unflatten(self.out_tree, outs)
 
     # --------------------------------------------------------- inspection
@@ -202,3 +204,72 @@ class Program:
 def _clean_name(name: str) -> str:
     out = "".join(c if (c.isalnum() or c == "_") else "_" for c in name)
     return out or "program"
+
+
+def _argument_mesh(leaves: Sequence[Any], used: Sequence[bool]):
+    """The mesh of the first argument the program reads (``used``) committed to a
+    sharding over several devices, or None: where jax.jit would run the call
+    (it drops unused arguments)."""
+    for x, read in zip(leaves, used):
+        if not read:
+            continue
+        sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
+        if (isinstance(sharding, jax.sharding.NamedSharding)
+                and isinstance(sharding.mesh, jax.sharding.Mesh)
+                and getattr(x, "committed", False) and len(sharding.device_set) > 1):
+            return sharding.mesh
+    return None
+
+
+def _layout_in_type(aval) -> bool:
+    spec = getattr(getattr(aval, "sharding", None), "spec", None)
+    return spec is not None and any(e is not None for e in spec)
+
+
+def _params_where_arguments_are(params: Sequence[Any], invars, mesh) -> list:
+    """The bound parameters as the call reads them.  They are the traced
+    function's constants, which jax.jit embeds: every device of the computation
+    holds all of each, and the arguments decide where it runs.  Evaluated
+    equation by equation they are arrays, so one committed to other devices than
+    the arguments' ``mesh`` (a constant on one device, an argument on a
+    sub-mesh) is read replicated on that mesh -- unless its type names its
+    layout (Explicit axes), which jax.jit keeps too."""
+    if not params or mesh is None:
+        return list(params)
+    devices = set(mesh.devices.flat)
+    placed = []
+    for value, var in zip(params, invars):
+        sharding = value.sharding if isinstance(value, jax.Array) and value.committed else None
+        if (sharding is not None and sharding.device_set != devices
+                and not _layout_in_type(var.aval)):
+            value = jax.device_put(value, jax.sharding.NamedSharding(
+                mesh, jax.sharding.PartitionSpec(), memory_kind=sharding.memory_kind))
+        placed.append(value)
+    return placed
+
+
+def _constants_where_arguments_are(outs: list, params: Sequence[Any], mesh) -> list:
+    """jax.jit computes on the arguments' ``mesh``: a result that reads no
+    argument (a literal, a constant the evaluator made on the default device, a
+    returned closed-over array) is a replicated copy there.  Without one (no
+    argument read is sharded) a returned closed-over array sharded over several
+    devices comes back on the default device, as jax.jit's embedded constant
+    does.  Evaluated equation by equation such results sit where they were made."""
+    bound = {id(p) for p in params}
+    if mesh is None:
+        default = jax.config.jax_default_device or jax.devices()[0]
+        return [jax.device_put(o, default)
+                if (id(o) in bound and isinstance(o, jax.Array)
+                    and len(o.sharding.device_set) > 1 and not _layout_in_type(jax.typeof(o)))
+                else o for o in outs]
+    devices = set(mesh.devices.flat)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    placed = []
+    for o in outs:
+        sharding = getattr(o, "sharding", None) if isinstance(o, jax.Array) else None
+        if sharding is not None and not isinstance(o, jax.core.Tracer) and (
+                id(o) in bound or sharding.device_set != devices):
+            if not (id(o) in bound and _layout_in_type(jax.typeof(o))):
+                o = jax.device_put(o, replicated)
+        placed.append(o)
+    return placed
