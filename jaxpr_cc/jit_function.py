@@ -384,6 +384,7 @@ class JitFunction:
                 full.insert(i, v)
             return fun(*full, **dyn_kwargs, **static_kw)
         with_statics.__name__ = _fun_name(fun)
+        with_statics.__wrapped__ = fun  # JAX's errors locate the user's function
         if self._signature is not None:
             # trace() names the program's inputs after the remaining parameters.
             taken = {i for i, _ in static_pos} | set(static_kw)
@@ -451,6 +452,9 @@ class JitFunction:
         entry, program, dyn_args, dyn_kwargs, statics, leaves = self._entry_for(args, kwargs)
         args_tree, kwargs_tree = program.in_tree.children()
         given = self._options.get("in_shardings")
+        if given is not None and dyn_kwargs:
+            # jax.jit's rule (and its words): in_shardings place positional arguments.
+            raise ValueError("pjit does not support kwargs when in_shardings is specified.")
         flat_given = (xla._flat_arg_shardings(program, given, args_tree, kwargs_tree)
                       if given is not None else [None] * len(leaves))
         committed = [xla._committed_sharding(x) for x in leaves]

@@ -429,3 +429,27 @@ def test_program_and_executable_of_a_dropped_jit_object():
     np.testing.assert_array_equal(program(x), x * 2)
     executable = jaxpr_cc.jit(lambda a: a * 3).executable
     np.testing.assert_array_equal(executable(x)(x), x * 3)
+
+
+@pytest.mark.parametrize("statics", [dict(static_argnames="mode"), dict(static_argnums=2)])
+def test_a_trace_error_with_static_arguments_names_the_users_function(statics):
+    # The function JAX traces binds the statics; JAX locates errors by unwrapping
+    # it to the user's function (adv18k: it named jaxpr-cc's jit_function.py).
+    def f(x, n, mode="a"):
+        for _ in range(n):
+            x = x * 2
+        return x
+    _same_error(lambda: jaxpr_cc.jit(f, **statics)(jnp.ones(3), 2, "b"),
+                lambda: jax.jit(f, **statics)(jnp.ones(3), 2, "b"),
+                jax.errors.TracerIntegerConversionError)
+
+
+def test_executable_refuses_keyword_arguments_with_in_shardings_as_jit_does():
+    mesh = _mesh()
+    sharding = NamedSharding(mesh, P("x"))
+
+    def f(a, b):
+        return a + b
+    x = jnp.ones(8)
+    _same_error(lambda: jaxpr_cc.jit(f, in_shardings=sharding).executable(x, b=x),
+                lambda: jax.jit(f, in_shardings=sharding)(x, b=x), ValueError)
