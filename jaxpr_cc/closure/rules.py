@@ -340,12 +340,24 @@ def forward_only(f, levels: int | None = None):
     # no end) makes it first-order instead (``forward_only_target``).
     g._jaxpr_cc_rebuilt = True
     g._jaxpr_cc_forward_only = f
-    return g
+
+    def call(*xs):
+        # The types ``f`` is called at (per example, under jax.vmap: a tracer's
+        # type): ``closure-convert`` meeting the call batched reads which operands
+        # carry the batch axis from them (``forward_only_avals``).
+        g._jaxpr_cc_forward_only_avals = tuple(jx.typeof(x) for x in xs)
+        return g(*xs)
+    return call
 
 
 def forward_only_target(g):
     """The ``f`` of a ``forward_only(f)`` custom_jvp, or None."""
     return getattr(g, "_jaxpr_cc_forward_only", None)
+
+
+def forward_only_avals(g):
+    """The types the ``f`` of a ``forward_only(f)`` custom_jvp was called at, or None."""
+    return getattr(g, "_jaxpr_cc_forward_only_avals", None)
 
 
 def _count_equations(jaxpr, limit: int) -> int:

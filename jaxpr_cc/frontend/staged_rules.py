@@ -22,8 +22,8 @@ from .. import jax_adapter as jx
 from ..closure import naming
 from ..closure.errors import ClosureConversionError
 from ..closure.ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
-from ..closure.rules import (FORWARD_ONLY_LEVELS, PatternRules, RuleInfo, forward_only, forward_only_target,
-                             is_inexact)
+from ..closure.rules import (FORWARD_ONLY_LEVELS, PatternRules, RuleInfo, forward_only,
+                             forward_only_avals, forward_only_target, is_inexact)
 from ..closure.session import (_dedupe, _insert_inputs, _variant_patterns, _with_consts,
                                session)
 from ..ir.clone import clone_function
@@ -521,14 +521,18 @@ def _convert_forward_only(region: Region, eqn: Equation) -> dict | None:
         return None
     target = forward_only_target(holder)
     avals = [a.aval for a in eqn.inputs]
+    batched = _batched_target(target, forward_only_avals(holder), avals,
+                              [v.aval for v in eqn.outputs])
+    if batched is not None:
+        target = batched
     try:
         jaxpr, consts, _ = _trace("jvp", eqn.params["jvp_jaxpr_fun"],
                                   lambda *xs: forward_only(target, FORWARD_ONLY_LEVELS)(*xs),
                                   avals, "forward_only")
     except (TypeError, ValueError):
-        # The equation was batched (jax.vmap of the function holding it): its
-        # operands have a batch axis ``target`` was not made for.  Converted as
-        # any custom_jvp staged in JAX's form.
+        # Operands of types ``target`` was not made for (batched by a jax.vmap
+        # whose axes could not be read): converted as any custom_jvp staged in
+        # JAX's form.
         return None
     made = [e for e in jaxpr.eqns if e.primitive.name == "custom_jvp_call"]
     if consts or len(jaxpr.eqns) != 1 or len(made) != 1:
@@ -540,6 +544,47 @@ def _convert_forward_only(region: Region, eqn: Equation) -> dict | None:
     params = dict(new.params)
     _replace_equation(region, eqn, list(eqn.inputs), params)
     return params
+
+
+def _batched_target(target, unbatched, avals, out_avals):
+    """``target`` batched as JAX batched the equation calling it (jax.vmap of the
+    function holding a ``forward_only`` rule: batched operands and results carry
+    the batch axis first), or None when the operands are ``target``'s own types or
+    the batch axes cannot be read.  The rule made of it is ``forward_only`` of the
+    batched function: the same function of the same arrays, so every derivative is
+    the batched one."""
+    if unbatched is None or len(unbatched) != len(avals):
+        return None
+    in_axes = []
+    for a, u in zip(avals, unbatched):
+        if a.shape == u.shape and a.dtype == u.dtype:
+            in_axes.append(None)
+        elif a.shape[1:] == u.shape and a.dtype == u.dtype:
+            in_axes.append(0)
+        else:
+            return None
+    if all(axis is None for axis in in_axes):
+        return None
+    try:
+        per_example = jax.eval_shape(lambda *xs: list(target(*xs)),
+                                     *[jax.ShapeDtypeStruct(u.shape, u.dtype) for u in unbatched])
+    except (TypeError, ValueError):
+        return None
+    if len(per_example) != len(out_avals):
+        return None
+    out_axes = []
+    for o, u in zip(out_avals, per_example):
+        if o.shape == u.shape:
+            out_axes.append(None)
+        elif o.shape[1:] == u.shape:
+            out_axes.append(0)
+        else:
+            return None
+
+    def batched(*xs):
+        return list(jax.vmap(lambda *ys: list(target(*ys)), in_axes=in_axes,
+                             out_axes=out_axes)(*xs))
+    return batched
 
 
 def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_size: int):
