@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import tree_util
 from jax.experimental.layout import Format
 
-from ..ir.calling_convention import check_argument_types
+from ..ir.calling_convention import check_argument_types, layout_in_type
 from ..ir.program import Program
 from .. import jax_adapter as jx
 from ..jax_adapter import (closed_over_ref_inputs, compiled_argument_shardings,
@@ -90,7 +90,7 @@ def _lowering_specs(program: Program, avals, in_flat) -> list:
         weak = getattr(aval, "weak_type", False)
         typed = _typed_sharding(aval).get("sharding")
         if typed is not None and placed is None and i < len(program.params) and \
-                not _layout_in_type(aval):
+                not layout_in_type(aval):
             # A bound parameter with no placement (see _param_shardings) whose type
             # names no layout: read where the computation runs, as jax.jit reads
             # the constant it was; its mesh must not pull the computation onto it.
@@ -329,7 +329,7 @@ def _param_shardings(program: Program, arg_shardings: Sequence[Any],
     shardings = []
     for value, v in zip(program.params, invars):
         sharding = _param_sharding(value, v.aval)
-        if arg_mesh is not None and sharding is not None and not _layout_in_type(v.aval):
+        if arg_mesh is not None and sharding is not None and not layout_in_type(v.aval):
             sharding = jax.sharding.NamedSharding(arg_mesh, jax.sharding.PartitionSpec(),
                                                   memory_kind=sharding.memory_kind)
         shardings.append(sharding)
@@ -345,17 +345,10 @@ def _param_sharding(value: Any, aval: Any):
     names its layout (Explicit mesh axes), which jax.jit keeps too."""
     sharding = _committed_sharding(value)
     if (isinstance(sharding, jax.sharding.NamedSharding) and not sharding.is_fully_replicated
-            and not _layout_in_type(aval)):
+            and not layout_in_type(aval)):
         return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(),
                                           memory_kind=sharding.memory_kind)
     return sharding
-
-
-def _layout_in_type(aval: Any) -> bool:
-    """Does ``aval``'s type say how it is laid out (a spec over Explicit axes)?"""
-    typed = getattr(aval, "sharding", None)
-    spec = getattr(typed, "spec", None)
-    return spec is not None and any(entry is not None for entry in spec)
 
 
 def _committed_sharding(x: Any):

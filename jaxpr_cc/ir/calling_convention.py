@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
-__all__ = ["argument_path", "check_argument_types", "describe_type",
+__all__ = ["argument_path", "check_argument_types", "describe_type", "layout_in_type",
            "structure_mismatch"]
 
 
@@ -81,6 +81,12 @@ def _same_type(got, want, weak_matters: bool = True, mesh_matters: bool = True) 
     return (got.shape == want.shape and got.dtype == want.dtype
             and (got.weak_type == want.weak_type or not weak_matters)
             and (not mesh_matters or _same_mesh_type(got, want)))
+
+
+def layout_in_type(aval) -> bool:
+    """Does ``aval``'s type say how it is laid out (a spec over Explicit mesh axes)?"""
+    spec = getattr(getattr(aval, "sharding", None), "spec", None)
+    return spec is not None and any(entry is not None for entry in spec)
 
 
 def _mesh_type(aval):

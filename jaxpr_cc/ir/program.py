@@ -8,6 +8,7 @@ from jax import tree_util
 
 from . import program_services  # what the layers above ir serve Program (see there why)
 from .region import Region
+from .calling_convention import layout_in_type
 from .value import Value
 
 
@@ -221,11 +222,6 @@ def _argument_mesh(leaves: Sequence[Any], used: Sequence[bool]):
     return None
 
 
-def _layout_in_type(aval) -> bool:
-    spec = getattr(getattr(aval, "sharding", None), "spec", None)
-    return spec is not None and any(e is not None for e in spec)
-
-
 def _params_where_arguments_are(params: Sequence[Any], invars, mesh) -> list:
     """The bound parameters as the call reads them.  They are the traced
     function's constants, which jax.jit embeds: every device of the computation
@@ -241,7 +237,7 @@ def _params_where_arguments_are(params: Sequence[Any], invars, mesh) -> list:
     for value, var in zip(params, invars):
         sharding = value.sharding if isinstance(value, jax.Array) and value.committed else None
         if (sharding is not None and sharding.device_set != devices
-                and not _layout_in_type(var.aval)):
+                and not layout_in_type(var.aval)):
             value = jax.device_put(value, jax.sharding.NamedSharding(
                 mesh, jax.sharding.PartitionSpec(), memory_kind=sharding.memory_kind))
         placed.append(value)
@@ -260,7 +256,7 @@ def _constants_where_arguments_are(outs: list, params: Sequence[Any], mesh) -> l
         default = jax.config.jax_default_device or jax.devices()[0]
         return [jax.device_put(o, default)
                 if (id(o) in bound and isinstance(o, jax.Array)
-                    and len(o.sharding.device_set) > 1 and not _layout_in_type(jax.typeof(o)))
+                    and len(o.sharding.device_set) > 1 and not layout_in_type(jax.typeof(o)))
                 else o for o in outs]
     devices = set(mesh.devices.flat)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -269,7 +265,7 @@ def _constants_where_arguments_are(outs: list, params: Sequence[Any], mesh) -> l
         sharding = getattr(o, "sharding", None) if isinstance(o, jax.Array) else None
         if sharding is not None and not isinstance(o, jax.core.Tracer) and (
                 id(o) in bound or sharding.device_set != devices):
-            if not (id(o) in bound and _layout_in_type(jax.typeof(o))):
+            if not (id(o) in bound and layout_in_type(jax.typeof(o))):
                 o = jax.device_put(o, replicated)
         placed.append(o)
     return placed
