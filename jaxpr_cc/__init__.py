@@ -93,6 +93,18 @@ def _provide_program_services() -> None:
 _provide_program_services()
 
 
+def _hide_own_frames() -> None:
+    # Errors raised by the user's function under jaxpr_cc.jit, and the source
+    # locations of what it traces, show the user's frames as under jax.jit.
+    import os
+
+    from .jax_adapter import hide_frames_of
+    hide_frames_of(os.path.dirname(os.path.abspath(__file__)))
+
+
+_hide_own_frames()
+
+
 def __getattr__(name: str) -> Any:
     try:
         module, attr = _EXPORTS[name]

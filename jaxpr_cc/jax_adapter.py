@@ -834,6 +834,18 @@ def is_bilinear(prim) -> bool:
     return getattr(rule, "func", None) is _lc_ad.bilinear_transpose
 
 
+from jax._src import traceback_util as _traceback_util  # noqa: E402
+
+
+def hide_frames_of(path: str) -> None:
+    """Leave frames of code under ``path`` out of tracebacks of errors raised while
+    tracing and out of equations' source locations, as JAX does for its own
+    (``JAX_TRACEBACK_FILTERING=off`` shows them again): errors and debug info then
+    point at the user's code, as with jax.jit."""
+    _traceback_util.register_exclusion(path)
+    _source_info_util.register_exclusion(path)
+
+
 def source_summary(source_info) -> str:
     """``file.py:line (function)`` of the user code an equation was traced from."""
     if source_info is None:

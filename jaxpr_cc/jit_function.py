@@ -104,11 +104,19 @@ def jit(fun: Callable = _NOT_GIVEN, /, *, pipeline: Any = DEFAULT, forward_mode:
     stand_in = JitFunction.shared(fun, pipeline, given, forward_mode)
     # jax.jit validates every keyword here and raises its own errors (a bad
     # static_argnums is its ValueError, not something found while tracing).
+    refused = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        jitted = jax.jit(stand_in, **given)
-    for w in caught:  # jax.jit's warnings (deprecated keywords) name the caller's line
+        try:
+            jitted = jax.jit(stand_in, **given)
+        except Exception as e:  # noqa: BLE001 -- raised below, after jax.jit's warnings
+            refused = e
+    # jax.jit's warnings (deprecated keywords) name the caller's line, also when it
+    # then refuses the keywords.
+    for w in caught:
         warnings.warn(w.message, w.category, stacklevel=2)
+    if refused is not None:
+        raise refused
     return stand_in._jaxpr_cc_state.attach(jitted, fun)
 
 
@@ -125,9 +133,10 @@ _STATES: "weakref.WeakSet[JitFunction]" = weakref.WeakSet()
 
 
 def _clear_all_programs() -> None:
+    # The stand-ins stay shared: jax.jit's caches are per function, so a later
+    # ``jit(f).clear_cache()`` clears what every ``jit(f)`` uses.
     for state in list(_STATES):
         state._cache.clear()
-    _SHARED.clear()
 
 
 _CLEAR_HOOK = on_clear_caches(_clear_all_programs)  # held: JAX holds it weakly

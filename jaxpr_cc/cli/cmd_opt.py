@@ -75,6 +75,11 @@ def run(args) -> int:
     from .output import check_writable, write_output, write_stdout
 
     if args.list_passes:
+        given = [flag for flag, value in (("PROGRAM", args.program), ("-p", args.pipeline),
+                                          ("-o", args.output)) if value is not None]
+        if given:
+            raise CliError(f"opt: --list-passes only lists the passes; it takes no "
+                           f"{', '.join(given)} (run opt without --list-passes)")
         write_stdout(list_passes())
         return 0
     if args.program is None:

@@ -286,6 +286,9 @@ class PassManager:
 
 def _pass_names(spec: Sequence[str] | str, known: set[str], option: str) -> frozenset[str]:
     names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
+    if isinstance(spec, str) and spec.strip() and not all(names):
+        raise ValueError(f"{option}: empty pass name in {spec!r} (write names separated by "
+                         f"single commas, e.g. 'cse,dce')")
     names = [n for n in names if n]
     for n in names:
         if n not in known:
