@@ -374,3 +374,10 @@ def test_a_gap_or_flag_that_starts_converged_is_refused(carried):
     np.testing.assert_allclose(jax.jacrev(f)(X), np.diag(np.cos(X)), rtol=1e-15)
     with pytest.raises(ForwardModeRefusedError, match="already met at the start"):
         jax.jacfwd(jaxpr_cc.jit(f))(X)
+
+
+def test_stop_gradient_of_the_cotangent_is_the_identity_map():
+    # (adv17l) lax.stop_gradient(g) has no transpose rule, but as a map of the
+    # cotangent's values it is the identity: jacfwd equals JAX's jacrev.
+    f = _sin_with_bwd(lambda c, g: (lax.stop_gradient(g) * c,))
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), jax.jacrev(f)(X), rtol=1e-15)

@@ -240,6 +240,10 @@ _JOINT_OPERANDS = {
 # Primitives whose result i is operand i, moved or fenced (device_put of a
 # tuple, as CG does with (b, x0)): linear, and zero, operand by operand.
 _PER_OPERAND = ("device_put", "optimization_barrier")
+# Primitives whose value is their operand's and which only stop JAX's derivatives
+# (stop_gradient): as a map of the bwd's cotangent, the identity.  The bwd is
+# transposed as a map of values; JAX's derivative of the bwd is not involved.
+_VALUE_IDENTITY = ("stop_gradient",)
 # (pvary: shard_map's check_vma cast of a device-invariant value to a varying
 # one; it moves no data, so a zero stays zero -- `0 * i` in a bwd under shard_map.)
 _ZERO_PRESERVING = ("broadcast_in_dim", "convert_element_type", "reshape", "transpose",
@@ -472,7 +476,7 @@ def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used=frozenset()):
         return _cond_linearity(eqn, flags, zeros)
     if name == "scan":
         return _scan_linearity(eqn, flags, zeros)
-    if name in _PER_OPERAND:
+    if name in _PER_OPERAND or name in _VALUE_IDENTITY:
         return None, list(flags), list(zeros)
     if name == "linear_call":
         lead = eqn.params["num_callee_consts"] + eqn.params["num_res"]
@@ -1018,7 +1022,9 @@ def _eval_equations(jaxpr, env: dict, dep: set) -> None:
         if any(flags) and _eqn_has_while(eqn):
             outs, out_flags = _eval_linear_eqn(eqn, invals, flags, used)
         else:
-            if eqn.primitive.name in _PER_OPERAND and any(flags) and not all(flags):
+            if eqn.primitive.name in _VALUE_IDENTITY and any(flags):
+                outs, out_flags = list(invals), list(flags)
+            elif eqn.primitive.name in _PER_OPERAND and any(flags) and not all(flags):
                 outs, out_flags = jx.eval_equation_per_operand(eqn, invals), list(flags)
             else:
                 outs = jx.eval_equation(eqn, invals)
