@@ -65,6 +65,13 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
                     raise ClosureConversionError(
                         f"{eqn.prim.name}: converting its rule left it in JAX's form")
                 done[id(eqn)] = eqn
+                if not eqn.inputs and not eqn.outputs and not eqn.effects:
+                    # A custom rule call of nothing (JAX's partial evaluation of a
+                    # scan body under grad leaves one behind, its fwd still taking
+                    # the original operands): it computes nothing, and its rule
+                    # cannot be traced.
+                    region.erase(eqn)
+                    continue
                 key = _recursion_key(eqn, keys)
                 known = converted.get(key) if key is not None else None
                 if known is not None:
