@@ -170,7 +170,35 @@ def cases(out_dir: Path):
                 compare(name, got, jax.jit(f)(x), problems)
         return problems
 
+    def emitted_python_runs_under_the_context_mesh():
+        # emit_python spelled abstract meshes without their abstract device
+        # (kind, platform), so jax.jit of the emitted function failed where JAX
+        # compares them with the context mesh (adv18m): shard_map without mesh= on
+        # an Auto mesh, reshard on an Explicit one.
+        problems = []
+        for kind in (AxisType.Auto, AxisType.Explicit):
+            mesh = jax.make_mesh((4, 2), ("x", "y"), axis_types=(kind,) * 2)
+            x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("x", "y")))
+            if kind == AxisType.Auto:
+                def f(x):
+                    return jax.shard_map(lambda a: a * 2, in_specs=P("x", "y"),
+                                         out_specs=P("x", "y"))(x)
+            else:
+                def f(x):
+                    return jax.sharding.reshard(x, P("y", None)).sum(axis=0)
+            with jax.set_mesh(mesh):
+                want = jax.jit(f)(x)
+                namespace = {}
+                exec(compile(jaxpr_cc.emit_python(jaxpr_cc.trace(f, x)), "emitted", "exec"),
+                     namespace)
+                got = runs(f"{kind} emitted under jax.jit", lambda: jax.jit(namespace["f"])(x),
+                           problems)
+                if got is not None:
+                    compare(f"{kind} emitted", got, want, problems)
+        return problems
+
     return {
+        "emitted_python_runs_under_the_context_mesh": emitted_python_runs_under_the_context_mesh,
         "program_on_another_mesh_is_refused_in_one_line":
             program_on_another_mesh_is_refused_in_one_line,
         "constant_on_other_devices_than_the_arguments":
@@ -183,7 +211,8 @@ def cases(out_dir: Path):
     }
 
 
-CASE_NAMES = ("program_on_another_mesh_is_refused_in_one_line",
+CASE_NAMES = ("emitted_python_runs_under_the_context_mesh",
+              "program_on_another_mesh_is_refused_in_one_line",
               "constant_on_other_devices_than_the_arguments",
               "executable_takes_format_in_shardings",
               "compile_with_out_shardings_follows_committed_arguments",

@@ -440,8 +440,15 @@ def mesh_source(mesh) -> str:
     types = "(" + "".join(param_source(t) + ", " for t in mesh.axis_types) + ")" \
         if mesh.axis_types else "()"
     if type(mesh).__name__ == "AbstractMesh":
+        # The abstract device (kind, platform) is part of the mesh's identity: JAX
+        # compares a program's meshes with the context mesh, which has one.
+        device = getattr(mesh, "abstract_device", None)
+        kind = "" if device is None else (
+            f", abstract_device=_import_callable('jax._src.mesh', 'AbstractDevice', None)("
+            f"device_kind={device.device_kind!r}, num_cores={device.num_cores!r}, "
+            f"platform={device.platform!r})")
         return (f"jax.sharding.AbstractMesh({tuple(mesh.axis_sizes)!r}, {tuple(mesh.axis_names)!r}, "
-                f"axis_types={types})")
+                f"axis_types={types}{kind})")
     if not mesh.axis_names:
         return "jax.sharding.Mesh(np.empty((0,), dtype=object), ())"
     ids = [int(d.id) for d in mesh.devices.flat]
