@@ -197,7 +197,34 @@ def cases(out_dir: Path):
                     compare(f"{kind} emitted", got, want, problems)
         return problems
 
+    def loaded_program_places_numpy_arguments_as_traced():
+        # Traced under jax.set_mesh from sharded arguments, with a sharding
+        # constraint named by a PartitionSpec; loaded and called with a NumPy
+        # array outside set_mesh, the program call raised JAX's internal "must be
+        # a NamedSharding" TypeError (adv18m).  It now places the argument as
+        # traced, as jaxpr_cc.compile does; the reference is jax.jit under the mesh.
+        problems = []
+        mesh = jax.make_mesh((4, 2), ("x", "y"), axis_types=auto2)
+
+        def h(x):
+            return jax.lax.with_sharding_constraint(x * 2, P("y", None))
+        xs = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("x", "y")))
+        path = str(out_dir / "nomesh.jcc")
+        with jax.set_mesh(mesh):
+            jaxpr_cc.save(jaxpr_cc.trace(h, xs), path)
+            want = jax.jit(h)(xs)
+        loaded = jaxpr_cc.load(path)
+        xn = np.ones((8, 8), np.float32)
+        for label, thunk in (("program call", lambda: loaded(xn)),
+                             ("compile", lambda: jaxpr_cc.compile(loaded)(xn))):
+            got = runs(label, thunk, problems)
+            if got is not None:
+                compare(label, got, want, problems, exact_sharding=False)
+        return problems
+
     return {
+        "loaded_program_places_numpy_arguments_as_traced":
+            loaded_program_places_numpy_arguments_as_traced,
         "emitted_python_runs_under_the_context_mesh": emitted_python_runs_under_the_context_mesh,
         "program_on_another_mesh_is_refused_in_one_line":
             program_on_another_mesh_is_refused_in_one_line,
@@ -211,7 +238,8 @@ def cases(out_dir: Path):
     }
 
 
-CASE_NAMES = ("emitted_python_runs_under_the_context_mesh",
+CASE_NAMES = ("loaded_program_places_numpy_arguments_as_traced",
+              "emitted_python_runs_under_the_context_mesh",
               "program_on_another_mesh_is_refused_in_one_line",
               "constant_on_other_devices_than_the_arguments",
               "executable_takes_format_in_shardings",

@@ -153,6 +153,7 @@ class Program:
         else:
             closed = self.to_jaxpr()
         from ..jax_adapter import evaluating_program
+        flat = _placed_as_traced(flat, self.arg_shardings)
         mesh = _argument_mesh(flat, [self.body.has_users(v) for v in self.arg_values])
         params = _params_where_arguments_are(self.params, self.body.invars, mesh)
         with evaluating_program():  # custom_vjp rules in eager shard_map bodies
@@ -205,6 +206,23 @@ class Program:
 def _clean_name(name: str) -> str:
     out = "".join(c if (c.isalnum() or c == "_") else "_" for c in name)
     return out or "program"
+
+
+def _placed_as_traced(leaves: Sequence[Any], arg_shardings) -> list:
+    """Arguments placed where the program was traced with them (``arg_shardings``:
+    committed sharded arrays), when they are NumPy or unplaced arrays: its
+    equations may be typed on that mesh (a sharding constraint named by a
+    PartitionSpec under jax.set_mesh), as ``jaxpr_cc.compile`` places them too.
+    Committed arrays and tracers stay as given."""
+    if not arg_shardings:
+        return list(leaves)
+    placed = []
+    for x, sharding in zip(leaves, arg_shardings):
+        if (isinstance(sharding, jax.sharding.NamedSharding) and not isinstance(x, jax.core.Tracer)
+                and not (isinstance(x, jax.Array) and x.committed) and hasattr(x, "shape")):
+            x = jax.device_put(x, sharding)
+        placed.append(x)
+    return placed
 
 
 def _argument_mesh(leaves: Sequence[Any], used: Sequence[bool]):
