@@ -107,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-swap", action="store_true",
                         help="swap nothing: run the file as JAX runs it (the baseline)")
     opts = parser.parse_args(argv)
+    if any(a == "-n" or a.startswith(("-n=", "--numprocesses")) or (a.startswith("-n") and a[2:].isdigit())
+           for a in pytest_args) and not opts.no_swap:
+        # pytest-xdist runs the tests in worker processes, where the swap is not installed.
+        parser.error("the swap lives in this process: run without pytest-xdist's -n")
     path = Path(opts.test_file)
     if not path.is_file():
         parser.error(f"test_file {opts.test_file!r} is not a file; check out JAX's tests at "
