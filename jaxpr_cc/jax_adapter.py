@@ -1483,8 +1483,10 @@ def check_no_escaped_tracers(consts: Sequence[Any]) -> None:
     tracers = [c for c in consts if isinstance(c, _core.Tracer)]
     if not tracers:
         return
-    # The traces still running: the current one and those it nests in.  (JAX does
-    # not invalidate a finished jaxpr trace, so is_valid() cannot tell.)
+    # JAX invalidates every finished trace except a jaxpr trace (is_valid() tells);
+    # a jaxpr trace is live when it is the current one or one it nests in.  (A
+    # custom_jvp function JAX runs under vmap may close over a tracer of a live
+    # batch trace that is not in that chain.)
     live, trace, outermost = set(), _core.trace_ctx.trace, None
     while trace is not None and id(trace) not in live:
         live.add(id(trace))
@@ -1493,7 +1495,8 @@ def check_no_escaped_tracers(consts: Sequence[Any]) -> None:
     if not isinstance(outermost, _core.EvalTrace):
         return  # a trace that does not name its parent (eager shard_map): cannot tell
     for c in tracers:
-        if id(c._trace) not in live or not c._trace.is_valid():
+        if not c._trace.is_valid() or (isinstance(c._trace, _pe.DynamicJaxprTrace)
+                                       and id(c._trace) not in live):
             raise _core.escaped_tracer_error(c)
 
 

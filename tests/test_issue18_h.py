@@ -141,6 +141,25 @@ def test_closing_over_live_outer_tracers_still_works(outer):
                                np.asarray(transform(reference)(x)), rtol=1e-6)
 
 
+def _call_through_custom_jvp(f, *args):
+    f = jax.custom_jvp(f)
+    f.defjvp(lambda primals, tangents: (f(*primals), sum(tangents)))
+    return f(*args)
+
+
+@pytest.mark.parametrize("jit", [jax.jit, jaxpr_cc.jit], ids=["jax", "jaxpr_cc"])
+def test_closing_over_a_batch_tracer_from_inside_a_custom_jvp_function(jit):
+    # (custom_api_test test_fun_with_nested_calls_2) under vmap, JAX runs a
+    # custom_jvp function under a batch trace whose parent is not the one the
+    # closed-over x belongs to: x is live, not leaked.
+    def fun(x):
+        def bar(y):
+            return jit(lambda w: _call_through_custom_jvp(lambda v: y * v, x) + w)(x)
+        return _call_through_custom_jvp(bar, x)
+    x = jnp.arange(3.)
+    np.testing.assert_allclose(np.asarray(jax.vmap(fun)(x)), np.asarray(x * x + x))
+
+
 def _cache_miss_logs(jit, caplog):
     def f(x, y):
         return x
