@@ -79,3 +79,32 @@ def test_first_order_forward_only_reverse_orders():
             for _ in range(3):
                 h = jax.jacfwd(h)
             np.testing.assert_allclose(float(h(x)), _sqrt_derivatives(3.0)[3], rtol=1e-9)
+
+
+def test_a_program_stores_a_forward_only_rule_as_its_primal_and_levels(tmp_path):
+    # Its jvp (a vmapped jvp of the primal, ~14x larger through a loop) is made from
+    # the primal when JAX first differentiates it, not when the program is built:
+    # a primal call of diffrax's BacksolveAdjoint with a PID controller spent
+    # minutes making jvp bodies it never ran.
+    import jaxpr_cc
+    from jaxpr_cc.closure.ir_rules import FORWARD_ONLY_PARAM
+
+    with jax.enable_x64(True):
+        x = jnp.float64(2.0)
+        g = forward_only(lambda v: [newton_sqrt_loop(v)])
+        program = jaxpr_cc.trace(lambda v: g(v)[0], x)
+        custom = _custom_equations(program.body)
+        assert [e.params[FORWARD_ONLY_PARAM] for e in custom] == [FORWARD_ONLY_LEVELS]
+        assert all("jvp_jaxpr" not in e.params for e in custom)
+        jaxpr_cc.save(program, tmp_path / "p.jcc")
+        loaded = jaxpr_cc.load(tmp_path / "p.jcc")
+        for fn in (program, loaded):
+            _check_orders(fn, x, FORWARD_ONLY_LEVELS)
+            np.testing.assert_allclose(float(jax.jacfwd(jax.jacfwd(fn))(x)),
+                                       _sqrt_derivatives(2.0)[2], rtol=1e-9)
+        # Emitted Python holds every rule: the jvp is made there.
+        namespace: dict = {}
+        exec(compile(jaxpr_cc.emit_python(program), "<emitted>", "exec"), namespace)
+        emitted = namespace[program.name] if program.name in namespace else None
+        assert emitted is not None
+        _check_orders(emitted, x, 1)

@@ -17,6 +17,10 @@ from ..ir.layouts import closed_over_count
 from ..ir.printer import _is_function
 from ..ir.region import Region
 from ..ir.value import is_literal
+from ..closure.ir_rules import FORWARD_ONLY_PARAM
+from ..closure.rules import body, forward_only_rule
+from ..frontend.from_jaxpr import region_from_closed_jaxpr
+from .jaxpr import region_to_closed_jaxpr
 from .python_rules import Call
 from .python_text import (PythonEmitError, flat_return, inexact, render_call, stmt,
                           tuple_src)
@@ -215,8 +219,10 @@ class CustomRulesMixin:
         return "{" + ", ".join(fwd_table) + "}", "{" + ", ".join(bwd_table) + "}"
 
     def _custom_jvp(self, eqn: Equation) -> Call:
-        self._require_rules(["call_jaxpr", "jvp_jaxpr"])
-        em, p = self.emitter, eqn.params
+        p = eqn.params
+        self._require_rules(["call_jaxpr"] if FORWARD_ONLY_PARAM in p else
+                            ["call_jaxpr", "jvp_jaxpr"])
+        em = self.emitter
         symbolic = bool(p.get("symbolic_zeros"))
         call = p["call_jaxpr"]
         out_avals = [a.aval for a in call.outvars]
@@ -244,7 +250,8 @@ class CustomRulesMixin:
             self._define(jvp, fn_name, [primals, tangents], prologue, returns)
 
         rule_name = em.namer.fresh(f"{name}_jvp")
-        define(p["jvp_jaxpr"], rule_name)
+        define(p["jvp_jaxpr"] if FORWARD_ONLY_PARAM not in p else _forward_only_jvp(p),
+               rule_name)
         table = self._jvp_variant_table(name, define)
         if table is not None:
             em.use_helper("_jvp_by_pattern")
@@ -503,3 +510,11 @@ def _forward_mode_primal(call: Region) -> "Region | None":
     ``ir/program_services``), or None when it calls none."""
     from ..ir import program_services
     return program_services.forward_mode_region(call)
+
+
+def _forward_only_jvp(params: dict) -> Region:
+    """The jvp body of a ``forward_only`` custom_jvp, which the program does not store
+    (it is made from the primal): made now, since emitted code holds every rule."""
+    rule = forward_only_rule(region_to_closed_jaxpr(params["call_jaxpr"]),
+                             params["num_consts"], params[FORWARD_ONLY_PARAM])
+    return region_from_closed_jaxpr(body(rule.jvp))

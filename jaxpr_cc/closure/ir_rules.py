@@ -18,6 +18,8 @@ First-order params (every Region constant-free):
   bwd_variant_patterns ((family, ct_pattern) each: the in_pattern of the fwd whose
   residuals the bwd takes, () for fwd_jaxpr's; which output cotangents are nonzero)
 * custom_jvp_call: call_jaxpr, jvp_jaxpr, num_consts, symbolic_zeros, + the same info fields;
+  a ``forward_only`` rule has forward_only_levels instead of jvp_jaxpr (its jvp is made
+  from call_jaxpr when JAX first differentiates it: ``rules.forward_only_rule``);
   a symbolic-zeros rule traced per perturbation pattern also has jvp_variants (Regions
   with jvp_jaxpr's layout) and jvp_variant_patterns (one tuple of bools per variant:
   which inexact arguments are perturbed)
@@ -40,13 +42,15 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .rules import (JVPRule, LazyJaxpr, LinearRule, RuleInfo, VJPRule, bind_linear_rule, body,
-                    build_custom_jvp, build_custom_vjp, rule_of)
+                    build_custom_jvp, build_custom_vjp, forward_only_rule, rule_of)
 
 FIRST_ORDER_KEYS = {
     "custom_vjp_call": "bwd_jaxpr",
     "custom_jvp_call": "jvp_jaxpr",
     "linear_call": "transpose_jaxpr",
 }
+#: A ``forward_only`` custom_jvp holds no jvp body: its jvp is made from call_jaxpr.
+FORWARD_ONLY_PARAM = "forward_only_levels"
 #: Params that hold in-process objects: never printed nor saved (see the module doc).
 IN_PROCESS_PARAMS = frozenset({"pattern_rules"})
 _INFO_FIELDS = ("name", "source", "const_names", "closed_over", "max_forward_size", "reverse_ok")
@@ -54,7 +58,7 @@ _INFO_FIELDS = ("name", "source", "const_names", "closed_over", "max_forward_siz
 
 def is_first_order_custom(name: str, params: dict) -> bool:
     key = FIRST_ORDER_KEYS.get(name)
-    return key is not None and key in params
+    return key is not None and (key in params or FORWARD_ONLY_PARAM in params)
 
 
 def _info_params(info: RuleInfo) -> dict:
@@ -93,7 +97,11 @@ def _bools(pattern) -> tuple:
 
 
 def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
-    p = {"call_jaxpr": to_region(rule.call), "jvp_jaxpr": to_region(body(rule.jvp))}
+    p = {"call_jaxpr": to_region(rule.call)}
+    if rule.forward_only_levels is not None:
+        p[FORWARD_ONLY_PARAM] = rule.forward_only_levels
+    else:
+        p["jvp_jaxpr"] = to_region(body(rule.jvp))
     p.update(num_consts=rule.num_consts, symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
     if rule.variants:  # only symbolic-zeros rules have them: other params unchanged
@@ -160,6 +168,9 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
                        symbolic_zeros=params["symbolic_zeros"],
                        fwd_variants=fwd_variants, bwd_variants=bwd_variants,
                        pattern_rules=params.get("pattern_rules"))
+    if name == "custom_jvp_call" and FORWARD_ONLY_PARAM in params:
+        return forward_only_rule(from_region(params["call_jaxpr"]), params["num_consts"],
+                                 params[FORWARD_ONLY_PARAM], _info_from(params))
     if name == "custom_jvp_call":
         variants = tuple(
             (tuple(pattern), LazyJaxpr(lambda region=region: from_region(region)))

@@ -200,6 +200,9 @@ class JVPRule:
     # pattern all-perturbed (and any not listed) uses ``jvp``.
     variants: tuple = ()
     pattern_rules: Any = None  # patterns not in ``variants``, traced when first used
+    # A ``forward_only`` rule: its jvp is made from ``call`` (``forward_only_rule``),
+    # so a program stores only this count of levels, not the jvp body.
+    forward_only_levels: int | None = None
 
     def replace(self, **kw) -> "JVPRule":
         return dataclasses.replace(self, **kw)
@@ -299,7 +302,7 @@ FORWARD_ONLY_LEVELS = 2
 FORWARD_ONLY_MAX_EQUATIONS = 1000
 
 
-def forward_only(f, levels: int | None = None):
+def forward_only(f, levels: int | None = None, traced: dict | None = None):
     """``f`` (flat arrays -> flat inexact arrays) as a function whose derivatives of
     every order are formed by forward mode.
 
@@ -315,7 +318,7 @@ def forward_only(f, levels: int | None = None):
     levels of rules, the last level's columns plain forward mode (see
     ``FORWARD_ONLY_LEVELS``); ``0`` is ``f`` itself."""
     if levels is not None:
-        return _forward_only_first_order(f, levels)
+        return _forward_only_first_order(f, levels, traced=traced)
     g = jax.custom_jvp(f)
 
     def jvp(primals, tangents):
@@ -374,54 +377,76 @@ def _count_equations(jaxpr, limit: int) -> int:
     return n
 
 
-def _forward_only_first_order(f, levels: int, first: bool = True):
+def _forward_only_first_order(f, levels: int, first: bool = True, traced: dict | None = None):
+    """``traced``: rules already made for this ``f`` (by argument types), to reuse
+    when the caller stages the same ``f`` into several bodies (one per cotangent
+    pattern of a rule's transpose): tracing ``f`` is the cost."""
     def apply(*xs):
         if levels <= 0:
             return list(f(*xs))
-        avals = [jx.typeof(x) for x in xs]
-        jaxpr, consts, out_avals = jx.trace_flat(lambda *vs: list(f(*vs)), avals,
-                                                 "forward_only")
+        avals = tuple(jx.typeof(x) for x in xs)
+        hit = traced.get(avals) if traced is not None else None
+        if hit is not None:
+            g, consts = hit
+            return list(g(*consts, *xs))
+        jaxpr, consts, _ = jx.trace_flat(lambda *vs: list(f(*vs)), list(avals), "forward_only")
         if not first and _count_equations(jaxpr, FORWARD_ONLY_MAX_EQUATIONS) \
                 > FORWARD_ONLY_MAX_EQUATIONS:
-            return list(f(*xs))
-        nc = len(consts)
-        call = jx.ClosedJaxpr(jaxpr, [])
-        arg_avals = avals
-        hot = [k for k, a in enumerate(arg_avals) if is_inexact(a)]
+            return run(jx.ClosedJaxpr(jaxpr, list(consts)), *xs)
+        g = build_custom_jvp(forward_only_rule(jx.ClosedJaxpr(jaxpr, []), len(consts), levels))
+        if traced is not None and not any(isinstance(c, jx.Tracer) for c in consts):
+            traced[avals] = (g, consts)
+        return list(g(*consts, *xs))
+    return apply
 
-        def plain(*vs):  # f at (c, x): the jaxpr with its own constants as operands
-            return run(call, *vs)
 
-        def jvp_body(*ops):
-            c, x, t = ops[:nc], ops[nc:nc + len(arg_avals)], ops[nc + len(arg_avals):]
-            outs = g(*c, *x)
-            t_outs = [jnp.zeros(a.shape, a.dtype) for a in out_avals]
-            if hot:
-                def columns_of(*vs):
-                    return _jacobian_columns(lambda *xv: plain(*vs[:nc], *xv), hot)(*vs[nc:])
-                cols = iter(_forward_only_first_order(columns_of, levels - 1, False)(*c, *x))
-                for tangent in t:
-                    w = _direction_weights(tangent)
-                    for j in range(len(out_avals)):
-                        col = next(cols)
-                        t_outs[j] = t_outs[j] + jnp.tensordot(w.astype(col.dtype), col, axes=1)
-            return [*outs, *t_outs]
+def forward_only_rule(call, num_consts: int, levels: int, info: "RuleInfo | None" = None):
+    """The first-order rule of ``forward_only(f, levels)`` for ``f`` traced as ``call``
+    ((c, x) -> y, its own constants ``c`` the ``num_consts`` leading operands).
 
-        def make_jvp():
-            t_avals = [arg_avals[k].to_tangent_aval() for k in hot]
-            j, j_consts, _ = jx.trace_flat(jvp_body, [*map(jx.typeof, consts), *arg_avals,
-                                                      *t_avals], "forward_only_jvp")
-            if j_consts:  # values of f's own trace: constants of the rule body
-                return jx.ClosedJaxpr(_pe_bind_consts(j, len(j_consts)), list(j_consts))
-            return jx.ClosedJaxpr(j, [])
+    Its jvp is a function of ``call`` alone, so a program holds only ``call`` and
+    ``levels`` (``forward_only_levels``); the jvp body, a vmapped jvp of ``call``
+    that may be far larger (through a while_loop, ~14x), is traced when JAX first
+    differentiates the rule (``LazyJaxpr``)."""
+    nc = num_consts
+    avals = call.in_avals
+    arg_avals = avals[nc:]
+    out_avals = call.out_avals
+    hot = [k for k, a in enumerate(arg_avals) if is_inexact(a)]
 
+    def plain(*vs):  # f at (c, x)
+        return run(call, *vs)
+
+    def jvp_body(*ops):
+        c, x, t = ops[:nc], ops[nc:nc + len(arg_avals)], ops[nc + len(arg_avals):]
+        outs = g(*c, *x)
+        t_outs = [jnp.zeros(a.shape, a.dtype) for a in out_avals]
+        if hot:
+            def columns_of(*vs):
+                return _jacobian_columns(lambda *xv: plain(*vs[:nc], *xv), hot)(*vs[nc:])
+            cols = iter(_forward_only_first_order(columns_of, levels - 1, False)(*c, *x))
+            for tangent in t:
+                w = _direction_weights(tangent)
+                for j in range(len(out_avals)):
+                    col = next(cols)
+                    t_outs[j] = t_outs[j] + jnp.tensordot(w.astype(col.dtype), col, axes=1)
+        return [*outs, *t_outs]
+
+    def make_jvp():
+        t_avals = [arg_avals[k].to_tangent_aval() for k in hot]
+        j, j_consts, _ = jx.trace_flat(jvp_body, [*avals, *t_avals], "forward_only_jvp")
+        if j_consts:  # values of f's own trace: constants of the rule body
+            return jx.ClosedJaxpr(_pe_bind_consts(j, len(j_consts)), list(j_consts))
+        return jx.ClosedJaxpr(j, [])
+
+    if info is None:
         info = RuleInfo(name="forward_only", source="<jacobian columns>",
                         const_names=tuple(f"const{i}" for i in range(nc)),
                         closed_over="forward", max_forward_size=1 << 62, reverse_ok=False)
-        rule = JVPRule(info=info, call=call, jvp=LazyJaxpr(make_jvp), num_consts=nc)
-        g = build_custom_jvp(rule)
-        return list(g(*consts, *xs))
-    return apply
+    rule = JVPRule(info=info, call=call, jvp=LazyJaxpr(make_jvp), num_consts=nc,
+                   forward_only_levels=levels)
+    g = build_custom_jvp(rule)
+    return rule
 
 
 def _pe_bind_consts(jaxpr, n: int):
@@ -431,7 +456,8 @@ def _pe_bind_consts(jaxpr, n: int):
                                                      len(jaxpr.outvars)))
 
 
-def _forward_const_cotangents(call, consts, args, hot, cts, out_avals, levels=None):
+def _forward_const_cotangents(call, consts, args, hot, cts, out_avals, levels=None,
+                              traced: dict | None = None):
     """Cotangents of the perturbed closed-over values by forward mode: the Jacobian's
     columns (one jvp per real direction of each value, vmapped), paired with the
     output cotangents.  Works through while_loop, where reverse mode does not; the
@@ -441,7 +467,8 @@ def _forward_const_cotangents(call, consts, args, hot, cts, out_avals, levels=No
     complex value ``v`` has two directions per element, ``1`` and ``1j``, and its
     cotangent is ``pair(1) - 1j * pair(1j)``.  Each value's pairings accumulate in
     its own real dtype (float64 under ``jax_enable_x64``).  ``levels``: as in
-    ``forward_only`` (an int when the result is staged into a program).
+    ``forward_only`` (an int when the result is staged into a program); ``traced``:
+    as in ``_forward_only_first_order``, for one ``call`` and ``hot``.
     """
     nc = len(consts)
     inexact_outs = [j for j, a in enumerate(out_avals) if is_inexact(a)]
@@ -450,7 +477,8 @@ def _forward_const_cotangents(call, consts, args, hot, cts, out_avals, levels=No
         got = run(call, *ops)
         return [got[j] for j in inexact_outs]
 
-    cols = iter(forward_only(_jacobian_columns(outputs, list(hot)), levels)(*consts, *args))
+    cols = iter(forward_only(_jacobian_columns(outputs, list(hot)), levels,
+                             traced)(*consts, *args))
     out = []
     for i in hot:
         value = consts[i]

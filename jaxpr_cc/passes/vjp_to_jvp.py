@@ -281,8 +281,10 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
     families = _families(p, nr, n_ct, exported)
 
     # One conversion memo for the rule and its variants: the rules they call (a fwd
-    # that calls its own function) become one set of Regions, not one per variant.
+    # that calls its own function) become one set of Regions, not one per variant;
+    # and one set of staged forward-mode columns of the primal.
     memo: dict = {}
+    columns: dict = {}
 
     # Patterns no variant lists, traced when JAX first gives them (rules.PatternRules):
     # the jvp rule of a fwd pattern, and the bwd of a cotangent pattern.
@@ -300,7 +302,7 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
         return _jvp_rule(_info(p), call, fwd_f, bwd_f, transposed, nc, n_res,
                          consts_linear=consts_linear, use_primal=use_primal,
                          ct_variants=ct_variants, memo=memo, ct_rules=ct_rules(in_pattern),
-                         as_jaxpr=as_jaxpr)
+                         as_jaxpr=as_jaxpr, columns=columns)
 
     main = families.pop(())
     jvp = jvp_for(fwd, nr, bwd, main["ct_variants"], made.main if made is not None else None)
@@ -447,7 +449,8 @@ def _consts_need_forward_columns(p: dict, c_avals) -> bool:
 
 def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
               consts_linear: bool, use_primal: bool, ct_variants=(),
-              memo: dict | None = None, ct_rules=None, as_jaxpr: bool = False) -> Region:
+              memo: dict | None = None, ct_rules=None, as_jaxpr: bool = False,
+              columns: dict | None = None) -> Region:
     """The jvp rule ``(c, x, t) -> (y, t_y)`` as a constant-free Region.
 
     ``t_y = linear_call(callee, transpose)(residuals; t)``.  In the plain case the
@@ -460,6 +463,8 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
     are symbolic zeros, the linear_call's transposes for those patterns; ``ct_rules``
     (ct_pattern -> bwd or None): bwd for the other patterns, traced when first used.
     ``as_jaxpr``: the rule as a ClosedJaxpr (a body made when JAX asks for it).
+    ``columns``: the forward-mode columns of ``call`` staged so far, shared by every
+    body made for one rule (``_forward_const_cotangents``' ``traced``).
     """
     import jax
 
@@ -471,6 +476,7 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
     ct_avals = list(bwd.in_avals[nc + nr:])
     y_inexact = [is_inexact(a) for a in y_avals]
     hot_c = [i for i, a in enumerate(c_avals) if is_inexact(a)] if consts_linear else []
+    columns = {} if columns is None else columns
     hot_x = [i for i, a in enumerate(x_avals) if is_inexact(a)]
     tc_avals = [c_avals[i] for i in hot_c]
     tx_avals = [x_avals[i] for i in hot_x]
@@ -516,7 +522,7 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
             cts = [next(nonzero) if inexact else None for inexact in y_inexact]
             # Staged into the program: first-order (savable) forward-mode columns.
             ct_c = _forward_const_cotangents(call, list(c), list(x), hot_c, cts, y_avals,
-                                             levels=FORWARD_ONLY_LEVELS)
+                                             levels=FORWARD_ONLY_LEVELS, traced=columns)
             return [*ct_c, *ct_x]
         return transpose
 
