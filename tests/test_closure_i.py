@@ -9,10 +9,9 @@ them").
   (which JAX refuses) equals float64 differences of JAX's gradient.  Differentiating
   the asserted input is refused in one line, as JAX refuses it.
 - A symbolic-zeros custom_jvp that returns a dense zero tangent for an output it
-  computes from unperturbed inputs alone gives a symbolic zero there, so a rule
-  downstream that refuses any tangent (equinox's ``nondifferentiable``) is not
-  run.  JAX's own ``jax.jvp`` passes the dense zero on and raises; jaxpr-cc's
-  equals the analytic derivative (and its gradient JAX's).
+  computes from unperturbed inputs alone passes it on dense, as JAX does: a rule
+  downstream that refuses any tangent (equinox's ``nondifferentiable``) raises as
+  in JAX, and one that reads which inputs are perturbed gets JAX's numbers.
 """
 import jax
 import jax.numpy as jnp
@@ -114,16 +113,86 @@ def clocked_loss(x, t):
     return jnp.sum(y ** 2) * nondifferentiable(clock)
 
 
-def test_dense_zero_tangent_of_a_rule_reaches_no_refusing_rule():
+def test_dense_zero_tangent_of_a_rule_reaches_a_refusing_rule_as_in_jax():
     t = jnp.float32(0.5)
     tx = jnp.array([1.0, -2.0, 0.5], jnp.float32)
     with pytest.raises(RuntimeError, match="Unexpected tangent"):
         jax.jvp(lambda x: clocked_loss(x, t), (X,), (tx,))  # JAX passes the dense zero on
     jl = jaxpr_cc.jit(clocked_loss)
     np.testing.assert_allclose(jl(X, t), clocked_loss(X, t), rtol=1e-6)
-    analytic = 2 * np.sin(X) * np.cos(X) * (0.5 + 1.0)
-    _, got = jax.jvp(lambda x: jl(x, t), (X,), (tx,))
-    np.testing.assert_allclose(got, np.dot(analytic, tx), rtol=1e-5)
+    with pytest.raises(ForwardModeRefusedError, match="_nondifferentiable_jvp.*Unexpected tangent"):
+        jax.jvp(lambda x: jl(x, t), (X,), (tx,))
     # (JAX's own gradient does not run the refusing rule: it equals JAX's.)
+    analytic = 2 * np.sin(X) * np.cos(X) * (0.5 + 1.0)
     np.testing.assert_allclose(jax.grad(jl)(X, t), jax.grad(clocked_loss)(X, t), rtol=1e-6)
     np.testing.assert_allclose(jax.grad(jl)(X, t), analytic, rtol=1e-5)
+
+
+@jax.custom_jvp
+def keep_if_clock_perturbed(value, clock):
+    return value
+
+
+def _keep_if_clock_perturbed_jvp(primals, tangents):
+    # A rule that reads which inputs are perturbed, as equinox's checkpointed
+    # while_loop does (it drops the tangent of a result whose loop it sees
+    # unperturbed).
+    value, clock = primals
+    t_value, t_clock = tangents
+    if isinstance(t_clock, jax.custom_derivatives.SymbolicZero):
+        return value, jnp.zeros_like(value)
+    return value, jnp.zeros_like(value) if isinstance(
+        t_value, jax.custom_derivatives.SymbolicZero) else t_value
+
+
+keep_if_clock_perturbed.defjvp(_keep_if_clock_perturbed_jvp, symbolic_zeros=True)
+
+
+def gated_loss(x, t):
+    y, clock = value_and_clock(x, t)
+    return jnp.sum(keep_if_clock_perturbed(2.0 * y, clock))
+
+
+def test_a_dense_zero_tangent_a_rule_returns_stays_dense():
+    # JAX gives the rule downstream the dense zero the rule upstream returned, so it
+    # sees the clock perturbed and keeps the tangent; a symbolic zero there dropped
+    # it (wrong forward-over-reverse Hessians through diffrax's checkpointed solve).
+    t = jnp.float32(0.5)
+    tx = jnp.array([1.0, -2.0, 0.5], jnp.float32)
+    jl = jaxpr_cc.jit(gated_loss)
+    _, want = jax.jvp(lambda x: gated_loss(x, t), (X,), (tx,))
+    _, got = jax.jvp(lambda x: jl(x, t), (X,), (tx,))
+    assert abs(float(want)) > 0.1
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(jl)(X, t), jax.grad(gated_loss)(X, t), rtol=1e-6)
+
+
+@jax.custom_vjp
+def marked_sum(a, b, c, d):
+    return jnp.sin(a) + b + c + d
+
+
+def _marked_sum_fwd(a, b, c, d):
+    mark = 0.0 if b.perturbed else 1.0  # the bwd is affine when b is not perturbed
+    return marked_sum(a.value, b.value, c.value, d.value), (a.value, mark)
+
+
+def _marked_sum_bwd(res, ct):
+    a, mark = res
+    return jnp.cos(a) * ct + mark, ct, ct, ct
+
+
+marked_sum.defvjp(_marked_sum_fwd, _marked_sum_bwd, symbolic_zeros=True)
+
+
+def test_reverse_mode_runs_a_bwd_that_is_linear_only_for_some_patterns():
+    # The pattern JAX gives (only a perturbed) is traced when given; its bwd is not
+    # linear, so its forward mode refuses -- but reverse mode, which runs the bwd
+    # as JAX does, raised NotTransposableError with it.  JAX: cos(0.1) + 1.
+    args = tuple(jnp.float32(0.1 * (i + 1)) for i in range(4))
+    want = jax.grad(marked_sum)(*args)
+    np.testing.assert_allclose(want, np.cos(0.1) + 1.0, rtol=1e-6)
+    for fn in (jaxpr_cc.jit(marked_sum), jaxpr_cc.trace(marked_sum, *args)):
+        np.testing.assert_allclose(jax.grad(fn)(*args), want, rtol=1e-6)
+        with pytest.raises(ForwardModeRefusedError, match="_marked_sum_bwd|marked_sum"):
+            jax.jvp(lambda a: fn(a, *args[1:]), (args[0],), (jnp.float32(1.0),))

@@ -49,15 +49,13 @@ HESSIAN_SAMPLE = {"eqx_filter_custom_vjp_pytree", "eqx_filter_custom_vjp_closure
 
 # Forward-over-reverse Hessians not yet available, with the error they give (strict
 # xfails, so a change in either shows): the gradient runs BacksolveAdjoint's bwd,
-# whose adjoint solve holds equinox rules traced late, for the perturbation pattern
-# JAX gives (equinox's fwd refuses the all-perturbed one); the rules nested in those
-# late bodies are still in JAX's own form, and JAX refuses forward mode through a
-# custom_vjp.  (The checkpointed while loop's bwd, whose cotangent for a closed-over
-# value it does not read is a zero accumulator, is linear:
-# tests/test_forward_mode_h.py.)
+# whose rules return a dense zero tangent for diffrax's save times; as in JAX, that
+# tangent reaches equinox's ``nondifferentiable``, which refuses any tangent (an
+# earlier version made it a symbolic zero, which dropped tangents elsewhere:
+# tests/test_closure_i.py).
 HESSIAN_REFUSED = {
-    "dfx_euler_backsolve_args": ("rules nested in late-traced equinox rules are in JAX's form",
-                                 TypeError),
+    "dfx_euler_backsolve_args": ("equinox's nondifferentiable gets the dense zero tangent "
+                                 "JAX gives it", RuntimeError),
 }
 
 

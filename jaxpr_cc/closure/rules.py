@@ -634,31 +634,6 @@ def build_custom_vjp(rule: VJPRule):
     return g
 
 
-def _zero_tangents(cache: dict, closed, n_primals: int, pattern: tuple,
-                   n_out: int) -> list[bool]:
-    """For a jvp body ``(c, x, t) -> (y, t_y)`` run with the tangents of the inputs
-    not in ``pattern`` zero: which of its tangent outputs are zero whatever the
-    perturbed tangents hold (the rule computes them from the zero tangents alone;
-    equinox's rules return ``zeros_like`` for an output with no tangent).  They
-    are returned as symbolic zeros, as a rule returning ``None`` would give them:
-    the values are the same, and code downstream sees the output as unperturbed
-    (equinox's ``nondifferentiable`` refuses a dense zero tangent, so a second
-    derivative through diffrax's BacksolveAdjoint needs this).  JAX itself keeps
-    the dense zeros.  ``cache``: by body and pattern (the analysis reads the whole
-    body once)."""
-    key = (id(closed), pattern)
-    hit = cache.get(key)
-    if hit is None or hit[0] is not closed:
-        from .transpose import known_zero_outputs
-        zeros = [False] * n_primals + [not p for p in pattern]
-        try:
-            found = known_zero_outputs(closed.jaxpr, zeros)[n_out:]
-        except Exception:  # an equation the analysis does not know: assume nothing
-            found = [False] * (len(closed.jaxpr.outvars) - n_out)
-        hit = cache[key] = (closed, found)
-    return hit[1]
-
-
 def build_custom_jvp(rule: JVPRule):
     """A ``jax.custom_jvp`` function of ``(*c, *x)`` that runs the rule's jaxprs."""
     info, nc = rule.info, rule.num_consts
@@ -673,7 +648,6 @@ def build_custom_jvp(rule: JVPRule):
     primal.__name__ = primal.__qualname__ = info.name
     g = jax.custom_jvp(primal)
     variants = dict(rule.variants)
-    zero_cache: dict = {}
 
     def jvp(primals, tangents):
         consts, args = list(primals[:nc]), list(primals[nc:])
@@ -696,12 +670,11 @@ def build_custom_jvp(rule: JVPRule):
                 chosen = rule.pattern_rules.get(pattern, const_avals)  # traced now if new
             chosen = body(chosen if chosen is not None else rule.jvp)
             res = run(chosen, *consts, *args, *dense)
+            # The tangents as the rule returned them: a dense zero stays dense, as
+            # JAX passes it on (a rule downstream may read it as perturbed).
             outs, t_in = res[:n_out], iter(res[n_out:])
-            zero = iter(_zero_tangents(zero_cache, chosen, len(consts) + len(args), pattern, n_out))
-            t_outs = [(SymbolicZero(a.to_tangent_aval()) if next(zero) else t)
-                      if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
-                      for a, t in zip(out_avals, [next(t_in) if is_inexact(a) else None
-                                                  for a in out_avals])]
+            t_outs = [next(t_in) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
+                      for a in out_avals]
         if mode != "none":
             hot = [i for i, p in enumerate(perturbed) if p]
 

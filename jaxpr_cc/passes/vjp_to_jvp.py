@@ -260,9 +260,12 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
         raise NotTransposableError(
             f"{what} takes {n_ct} cotangents and returns {len(bwd.out_avals)}; the rule's "
             f"function has {sum(y_inexact)} float outputs and {sum(x_inexact)} float inputs")
-    def tangent_map(b, n_res):
+    def tangent_map(b, n_res, late: bool = False):
         """bwd ``b`` transposed w.r.t. its cotangent (forward mode's tangent map), or
-        a refusal, or None (the primal's jvp gives forward-mode tangents)."""
+        a refusal, or None (the primal's jvp gives forward-mode tangents).  ``late``:
+        ``b`` is the bwd of a pattern traced when JAX first gave it, while JAX
+        differentiates: one that is not linear refuses forward mode only, since
+        reverse mode (which runs ``b`` itself) is under way too."""
         if not (n_ct and b.out_avals):
             return None
         try:
@@ -270,9 +273,9 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
                 _refuse_untyped_collectives(p)
             return transpose_linear(b, [False] * (nc + n_res) + [True] * n_ct, what=what,
                                     linear_name="its cotangent")
-        except NotTransposableError:
-            if refusal is not None:
-                return _refusing_tangent_map(b, nc, n_res, refusal)
+        except NotTransposableError as e:
+            if refusal is not None or (late and untransposable != "primal"):
+                return _refusing_tangent_map(b, nc, n_res, refusal or str(e))
             if untransposable != "primal":
                 raise
             return None
@@ -297,7 +300,7 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
         return lambda ct: None if all(ct) else made.get(("bwd", in_pattern, ct), c_avals)
 
     def jvp_for(fwd_f, n_res, bwd_f, ct_variants, in_pattern=None, as_jaxpr=False):
-        transposed = tangent_map(bwd_f, n_res)
+        transposed = tangent_map(bwd_f, n_res, late=as_jaxpr)
         use_primal = transposed is None and n_ct > 0 and bool(bwd_f.out_avals)
         return _jvp_rule(_info(p), call, fwd_f, bwd_f, transposed, nc, n_res,
                          consts_linear=consts_linear, use_primal=use_primal,
