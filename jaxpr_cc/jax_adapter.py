@@ -588,6 +588,13 @@ def _linear_call_jvp(primals, tangents, *, callee, transpose_thunk, num_callee_c
     n_lead = num_callee_consts + num_res
     hot = [i for i, t in enumerate(tangents[:n_lead]) if type(t) is not _lc_ad.Zero]
     if not hot:
+        # JAX's rule binds the linear tangents as given: a symbolic zero among them
+        # is not a value linear_call takes (jacfwd of jacfwd through a custom_vjp).
+        lin_t = tangents[n_lead:]
+        if all(type(t) is _lc_ad.Zero for t in lin_t):
+            outs = linear_call_p.bind(*primals, **params)
+            return outs, [_lc_ad.Zero.from_primal_value(o) for o in outs]
+        tangents = [*tangents[:n_lead], *map(_lc_ad.instantiate_zeros, lin_t)]
         return _JAX_LINEAR_CALL_JVP(primals, tangents, **params)
     # d/ds callee(res(s), lin(s)) = callee(res, dlin) + (d callee / d res)(res, lin) . dres:
     # the second term differentiates the callee's jaxpr like any other code.

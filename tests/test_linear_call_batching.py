@@ -154,3 +154,24 @@ def test_jit_of_vmap_of_jvp():
     got = jax.jit(jax.vmap(lambda t: jax.jvp(lambda x: h(r, x), (x,), (t,))[1]))(basis)
     want = (jnp.sin(r)[:, None] * A).T
     assert_trees_equal(got, want, exact=False, rtol=1e-5, atol=1e-5)
+
+
+def test_jvp_with_a_constant_linear_operand():
+    # JAX's own linear_call jvp binds a symbolic zero tangent (the constant b's) as
+    # an operand and raises (TypeError: ... ad_util.Zero); so did the registered
+    # rule, reached by jacfwd of jacfwd through diffrax's checkpointed solve.
+    # d/da (r a + b) = r, analytically.
+    def callee(r, lin):
+        a, b = lin
+        return r * a + b
+
+    def transpose(r, ct):
+        return (r * ct, ct)
+
+    def f(a):
+        return linear_call(callee, transpose, 2.0, (a, 1.0))
+
+    y, t = jax.jvp(f, (3.0,), (1.0,))
+    assert (float(y), float(t)) == (7.0, 2.0)
+    y, t = jax.jvp(lambda b: linear_call(callee, transpose, 2.0, (3.0, b)), (1.0,), (0.5,))
+    assert (float(y), float(t)) == (7.0, 0.5)
