@@ -381,3 +381,59 @@ def test_stop_gradient_of_the_cotangent_is_the_identity_map():
     # cotangent's values it is the identity: jacfwd equals JAX's jacrev.
     f = _sin_with_bwd(lambda c, g: (lax.stop_gradient(g) * c,))
     np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), jax.jacrev(f)(X), rtol=1e-15)
+
+
+_A3 = jnp.array([[0.3, 0.1, 0.0], [0.05, 0.2, 0.1], [0.0, 0.1, 0.25]], jnp.float32)
+_K3 = jnp.eye(3) - _A3
+_X3 = jnp.array([0.3, 1.7, -2.2], jnp.float32)
+
+
+def _solve_with_adjoint_loop(start):
+    """``K^-1 sin(b)`` whose bwd solves ``K^T u = g`` by ``u <- g + A^T u`` from
+    ``start(g) = (u0, previous iterate)``."""
+    def adjoint(g):
+        return lax.while_loop(lambda s: jnp.max(jnp.abs(s[0] - s[1])) > 1e-7,
+                              lambda s: (g + _A3.T @ s[0], s[0]), start(g))[0]
+
+    @jax.custom_vjp
+    def f(b):
+        return jnp.linalg.solve(_K3, jnp.sin(b))
+    f.defvjp(lambda b: (f(b), b), lambda b, g: (jnp.cos(b) * adjoint(g),))
+    return f
+
+
+@pytest.mark.parametrize("start", [
+    lambda g: (jnp.zeros_like(g), g),
+    lambda g: (jnp.zeros_like(g), jnp.full_like(g, jnp.inf)),
+    lambda g: (g, jnp.zeros_like(g)),
+], ids=["zero-start-prev-g", "zero-start-prev-inf", "start-g"])
+def test_reverse_over_forward_through_an_adjoint_loop_started_at_zero(start):
+    # Reverse mode over the transposed loop runs the loop itself on the linear part
+    # of its start; at a zero input its test stopped it at once (u0 = 0 beside a
+    # previous iterate of g): the gradient was 0, or that of u = g.
+    # d/db sum_ij (K^-1 diag(cos b))_ij = -sin(b) * (column sums of K^-1).
+    f = _solve_with_adjoint_loop(start)
+    want = -np.sin(_X3) * np.linalg.inv(np.asarray(_K3, np.float64)).sum(0)
+    got = jax.grad(lambda b: jnp.sum(jax.jacfwd(jaxpr_cc.jit(f))(b)))(_X3)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_a_loop_to_convergence_placing_a_constant_beside_the_cotangent_is_refused():
+    # where(m, 0.5 u + g, 1.0): affine, yet zero at a zero cotangent (where the
+    # loop stops at once), so the check at zero passed it and jacfwd dropped the
+    # constant (JAX's jacrev has -0.589 in the last column).
+    m = jnp.array([True, True, False])
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(c, g):
+        def body(s):
+            return jnp.where(m, 0.5 * s[0] + g, 1.0), s[0]
+        return (lax.while_loop(lambda s: jnp.max(jnp.abs(s[0] - s[1])) > 1e-6, body,
+                               (g, 2.0 * g))[0] * c,)
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), bwd)
+    with pytest.raises(ForwardModeRefusedError, match="places a constant beside"):
+        jax.jacfwd(jaxpr_cc.jit(f))(_X3)
+    np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(_X3), jax.jacrev(f)(_X3))

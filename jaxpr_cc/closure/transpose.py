@@ -737,7 +737,9 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
             if lin_new == lin and zero_new == zero:
                 break
             lin, zero = lin_new, zero_new
+    merged_before = _MERGED[0]
     problem, outs, out_zero = _scan(body, const_lin + lin, const_zero + zero, check_outputs=False)
+    merges_in_body = _MERGED[0] != merged_before
     if problem is not None and check and not _LENIENT[0]:
         return problem.within(eqn), None
     if outs is None:  # lenient: a problem inside, every carry it reaches is linear
@@ -769,6 +771,13 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
             if not outs[k] and not out_zero[k]:
                 return (Problem(eqn, f"the while_loop body sets carry {k} to a value that "
                                      f"{_AFFINE}"), None)
+        if merges_in_body:
+            # A constant placed beside the linear values (where, concatenate) is
+            # otherwise checked at a zero linear input, where a loop to
+            # convergence stops at once and cannot show it.
+            return (Problem(eqn, f"the body of a while_loop that stops on a test of the "
+                                 f"linear input places a constant beside the linear values, "
+                                 f"which {_AFFINE}"), None)
     if check and converges and any(lin):
         reason = _read_convergence_test(eqn, lin)
         if reason is not None:
@@ -1141,10 +1150,15 @@ def _bind_linear_while(eqn, invals, flags, used):
     def callee(r, lv):
         if not any(split.carry_affine):
             return run_loop(r, lv)
-        # Affine in lv: the linear part is the derivative (at lv = 0), which
-        # drops the constant part exactly (no inf - inf).
+        # Affine in lv: the linear part is the derivative, which drops the
+        # constant part exactly (no inf - inf).  A counted loop's is taken at
+        # lv = 0; a loop to convergence's at lv itself, where it runs as the
+        # program ran it: at lv = 0 its test may stop it at once (an iterate
+        # starting at 0 beside a previous iterate starting at lv), leaving the
+        # start's derivative instead of the limit's.
         lv = list(lv)
-        return jax.jvp(lambda *v: run_loop(r, v), [jnp.zeros_like(v) for v in lv], lv)[1]
+        at = lv if split.converges else [jnp.zeros_like(v) for v in lv]
+        return jax.jvp(lambda *v: run_loop(r, v), at, lv)[1]
 
     def zeros_of(avals):
         return [jnp.zeros(a.shape, a.dtype) for a in avals]
