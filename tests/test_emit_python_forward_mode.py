@@ -174,3 +174,31 @@ def test_a_fresh_process_differentiates_the_module(tmp_path):
     got = json.loads(run.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(got["grad"], jax.grad(uses_cube)(x, w), rtol=1e-6)
     np.testing.assert_allclose(got["jacfwd"], jax.jacrev(uses_cube)(x, w), rtol=1e-5)
+
+
+@jax.custom_vjp
+def _sine_and_product(x, y):
+    return jnp.sin(x) * y, x * y
+
+
+def _sine_and_product_bwd(res, cts):
+    x, y = res
+    c1, c2 = (jnp.zeros_like(x) if isinstance(c, jax.custom_derivatives.SymbolicZero) else c
+              for c in cts)
+    return jnp.cos(x) * y * c1 + y * c2, jnp.sin(x) * c1 + x * c2
+
+
+_sine_and_product.defvjp(lambda x, y: (_sine_and_product(x.value, y.value), (x.value, y.value)),
+                         _sine_and_product_bwd, symbolic_zeros=True)
+
+
+def test_two_calls_of_one_symbolic_zeros_rule(tmp_path):
+    # The two calls share one jvp rule region: completing its patterns met the
+    # linear_call inside twice (KeyError: 'pattern_rules').
+    def f(x, y):
+        return _sine_and_product(x, y)[0] * _sine_and_product(x, y)[1]
+    args = (jnp.float32(0.7), jnp.float32(1.3))
+    emitted = _emit(jaxpr_cc.trace(f, *args), tmp_path, forward_mode=True)
+    want = jax.grad(f, (0, 1))(*args)
+    for got in (jax.jacfwd(emitted, (0, 1))(*args), jax.grad(emitted, (0, 1))(*args)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)

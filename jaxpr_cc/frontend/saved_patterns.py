@@ -59,6 +59,8 @@ def complete_patterns(program):
     completed: dict = {}
     with session(**_session_options(program.body)):
         for region, eqn in list(_first_order_equations(program.body)):
+            if "pattern_rules" not in eqn.params:
+                continue  # met again through a shared region: completed already
             before = dict(eqn.params)
             _complete(region, eqn, memo)
             completed.setdefault(_same_rule_key(before), eqn.params)
