@@ -384,6 +384,14 @@ def wrapped_fun_target(fun):
     return getattr(fun, "f", fun)
 
 
+def is_symbolic_zero(x) -> bool:
+    """Is ``x`` a symbolic zero JAX passes between rules (its internal ``ad.Zero``,
+    a ``SymbolicZero``, or None from a bwd)?"""
+    from jax._src.interpreters import ad as _ad
+    from jax.custom_derivatives import SymbolicZero
+    return x is None or isinstance(x, (_ad.Zero, SymbolicZero))
+
+
 def instantiate_zero(x, aval):
     """JAX's internal symbolic ``ad.Zero`` (what staged bwd rules return for zero
     cotangents) -> a dense zero array; anything else unchanged."""
@@ -727,7 +735,17 @@ def _transpose_linear_call(cts, *args, callee, transpose_thunk, num_callee_const
                                           num_callee_consts=num_callee_consts, num_res=num_res)
     out = linear_call_p.bind(*res, *cts, callee=transpose, transpose_thunk=swapped(),
                              num_callee_consts=0, num_res=num_res)
-    return [None] * num_res + list(out)
+    return [None] * num_res + _symbolic_where_marked(out, transpose_thunk)
+
+
+def _symbolic_where_marked(cts, transpose_thunk) -> list:
+    """The transpose's cotangents, None (a symbolic zero) for each one the user's
+    rule returned as a symbolic zero (jaxpr-cc's thunks know which)."""
+    marks = getattr(transpose_thunk, "symbolic_outputs", None)
+    zeros = marks() if marks is not None else ()
+    if not zeros:
+        return list(cts)
+    return [None if z else c for c, z in zip(cts, zeros)]
 
 
 # --- (h17h) linear_call: reverse mode along perturbed residuals of a callee
@@ -955,6 +973,7 @@ def _reverse_only_transpose(cts, args, known, transpose_thunk, n_lead: int, num_
     res = args[n_lead - num_res:n_lead]
     cts = [_lc_ad.instantiate_zeros(ct) for ct in cts]
     out = _core.eval_jaxpr(transpose.jaxpr, transpose.consts, *t_consts, *res, *cts)
+    out = _symbolic_where_marked(out, transpose_thunk)
     return [None] * n_lead + [None if k else c for c, k in zip(out, known)]
 
 

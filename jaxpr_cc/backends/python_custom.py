@@ -17,7 +17,7 @@ from ..ir.layouts import closed_over_count
 from ..ir.printer import _is_function
 from ..ir.region import Region
 from ..ir.value import is_literal
-from ..closure.ir_rules import FORWARD_ONLY_PARAM
+from ..closure.ir_rules import FORWARD_ONLY_PARAM, SYMBOLIC_ZERO_OUTPUTS
 from ..closure.rules import body, forward_only_rule
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
 from .jaxpr import region_to_closed_jaxpr
@@ -73,6 +73,22 @@ class CustomRulesMixin:
         if decorator:
             fdef = fdef.with_changes(decorators=[cst.Decorator(cst.parse_expression(decorator))])
         self.emitter.module_defs.append(fdef)
+
+    def _symbolic_zeros(self, region: Region) -> tuple:
+        """Which outputs of the rule body ``region`` the user's rule returned as
+        symbolic zeros (``symbolic_zero_outputs``: the main body, then its variants):
+        the emitted body returns a symbolic zero there, as the user's rule did."""
+        p = self.eqn.params
+        masks = p.get(SYMBOLIC_ZERO_OUTPUTS)
+        if not masks:
+            return ()
+        for main, variants in (("bwd_jaxpr", "bwd_variants"), ("jvp_jaxpr", "jvp_variants"),
+                               ("transpose_jaxpr", "transpose_variants")):
+            if main in p:
+                for candidate, zeros in zip([p[main], *p.get(variants, ())], masks):
+                    if candidate is region:
+                        return tuple(zeros)
+        return ()
 
     def _after(self, code: str) -> None:
         self.emitter.module_defs.append(stmt(code))
@@ -156,9 +172,11 @@ class CustomRulesMixin:
             self._define(fwd, fwd_name, fwd_params, prologue,
                          lambda outs: f"{flat_return(outs[:n_out])}, {tuple_src(outs[n_out:])}")
 
-        def bwd_returns(outs):
-            it = iter(outs)
-            return tuple_src([next(it) if inexact(a) else "None" for a in arg_avals])
+        def bwd_returns_for(zeros):
+            def bwd_returns(outs):
+                it = iter(_masked(outs, zeros, lambda k: "None"))
+                return tuple_src([next(it) if inexact(a) else "None" for a in arg_avals])
+            return bwd_returns
 
         n_ct = sum(1 for a in out_avals if inexact(a))
 
@@ -176,7 +194,8 @@ class CustomRulesMixin:
                 self._unpack(ct_names, g, prologue)
             if symbolic:
                 self._dense(ct_names, prologue)
-            self._define(bwd, bwd_name, [res, g], prologue, bwd_returns)
+            self._define(bwd, bwd_name, [res, g], prologue,
+                         bwd_returns_for(self._symbolic_zeros(bwd)))
 
         fwd_name = em.namer.fresh(f"{name}_fwd")
         define_fwd(fwd, fwd_name)
@@ -231,11 +250,18 @@ class CustomRulesMixin:
         name, wanted = self._custom_function(call, "custom_jvp")
         sz = ", symbolic_zeros=True" if symbolic else ""
 
-        def returns(outs):
-            it = iter(outs[n_out:])
-            t_out = [next(it) if inexact(a) else
-                     f"np.zeros({tuple(a.shape)!r}, dtype=jax.dtypes.float0)" for a in out_avals]
-            return f"{flat_return(outs[:n_out])}, {flat_return(t_out)}"
+        inexact_outs = [j for j, a in enumerate(out_avals) if inexact(a)]
+
+        def returns_for(zeros):
+            def returns(outs):
+                it = iter(_masked(outs[n_out:], zeros, lambda k: (
+                    f"jax.custom_derivatives.zero_from_primal({outs[inexact_outs[k]]}, "
+                    f"symbolic_zeros=True)")))
+                t_out = [next(it) if inexact(a) else
+                         f"np.zeros({tuple(a.shape)!r}, dtype=jax.dtypes.float0)"
+                         for a in out_avals]
+                return f"{flat_return(outs[:n_out])}, {flat_return(t_out)}"
+            return returns
 
         def define(jvp, fn_name):
             prologue: list[str] = []
@@ -247,7 +273,8 @@ class CustomRulesMixin:
             self._unpack(t_names, tangents, prologue)
             if symbolic:
                 self._dense(t_names, prologue)
-            self._define(jvp, fn_name, [primals, tangents], prologue, returns)
+            self._define(jvp, fn_name, [primals, tangents], prologue,
+                         returns_for(self._symbolic_zeros(jvp)))
 
         rule_name = em.namer.fresh(f"{name}_jvp")
         define(p["jvp_jaxpr"] if FORWARD_ONLY_PARAM not in p else _forward_only_jvp(p),
@@ -296,6 +323,7 @@ class CustomRulesMixin:
         self._require_rules(regions)
         nc = closed_over_count(eqn)
         call = p["call_jaxpr"]
+        n_call_out = len(call.outvars)
         name, wanted = self._rule_name(call, kind)
         hints = self._arg_hints(0)
         as_list = lambda outs: "[" + ", ".join(outs) + "]"  # noqa: E731
@@ -311,18 +339,18 @@ class CustomRulesMixin:
             named = hints[:nc] if region_name == "bwd_jaxpr" else hints
             binder_hints = named + [None] * (len(region.invars) - len(named))
             self._define(region, fn_name, em.name_binders(region.invars, binder_hints), [],
-                         tuple_src)
+                         self._flat_returns(region, 0 if kind == "custom_vjp" else n_call_out))
         if kind == "custom_vjp":
             def define_flat_vjp(region, fn):
                 binder_hints = hints + [None] * (len(region.invars) - len(hints))
                 self._define(region, fn, em.name_binders(region.invars, binder_hints), [],
-                             tuple_src)
+                             self._flat_returns(region, 0))
             vjp_tables = self._vjp_variant_tables(name, define_flat_vjp, define_flat_vjp)
         if kind == "custom_jvp":
             def define_flat(region, fn):
                 binder_hints = hints + [None] * (len(region.invars) - len(hints))
                 self._define(region, fn, em.name_binders(region.invars, binder_hints), [],
-                             tuple_src)
+                             self._flat_returns(region, n_call_out))
             variant_table = self._jvp_variant_table(name, define_flat)
         outs = tuple_src([f"({tuple(a.aval.shape)!r}, {self.dtype(a.aval.dtype)})"
                           for a in call.outvars])
@@ -351,6 +379,16 @@ class CustomRulesMixin:
         build = Call(helper, [name] + rule_fns, options)
         self._after(render_call(build, name, 0))
 
+    def _flat_returns(self, region: Region, skip: int):
+        """``tuple_src`` of a flat rule body, with ``None`` for each output after the
+        first ``skip`` that the user's rule returned as a symbolic zero (the
+        ``_custom_*_with_consts`` helpers hand JAX a symbolic zero for it)."""
+        zeros = self._symbolic_zeros(region)
+        if not zeros:
+            return tuple_src
+        return lambda outs: tuple_src(list(outs[:skip])
+                                      + _masked(outs[skip:], zeros, lambda k: "None"))
+
     _RULE_REGION_NAMES = {"custom_vjp": ("fwd_jaxpr", "bwd_jaxpr"),
                           "custom_jvp": ("jvp_jaxpr",)}
 
@@ -376,15 +414,15 @@ class CustomRulesMixin:
             ct = em.name_binders(cts, ["ct"])[0]
         else:
             ct = self._group_binders(cts, "cts", prologue)
-        self._define(transpose, t_name, [t_res, ct], prologue, tuple_src)
+        self._define(transpose, t_name, [t_res, ct], prologue, self._flat_returns(transpose, 0))
         args = [tuple_src(self.ins[:num_res]), tuple_src(self.ins[num_res:])]
         variants = p.get("transpose_variants") or ()
-        if not variants:
+        if not variants and not p.get(SYMBOLIC_ZERO_OUTPUTS):
             return Call("jax.custom_derivatives.linear_call", [base, t_name, *args])
         # The tangent of a symbolic-zeros custom_vjp (vjp-to-jvp): its bwd per pattern
         # of output cotangents, picked when JAX transposes (as the Program does).
         table = []
-        for pattern, region in zip(p["transpose_variant_patterns"], variants):
+        for pattern, region in zip(p.get("transpose_variant_patterns", ()), variants):
             fn = em.namer.fresh(f"{base}_transpose_variant")
             prologue = []
             v_res = self._group_binders(region.invars[:num_res], "residuals", prologue)
@@ -393,7 +431,7 @@ class CustomRulesMixin:
                 v_ct = em.name_binders(v_cts, ["ct"])[0]
             else:
                 v_ct = self._group_binders(v_cts, "cts", prologue)
-            self._define(region, fn, [v_res, v_ct], prologue, tuple_src)
+            self._define(region, fn, [v_res, v_ct], prologue, self._flat_returns(region, 0))
             table.append(f"{tuple(bool(b) for b in pattern)!r}: {fn}")
         em.use_helper("_linear_call_by_pattern")
         return Call("_linear_call_by_pattern", [base, t_name, "{" + ", ".join(table) + "}", *args])
@@ -518,3 +556,10 @@ def _forward_only_jvp(params: dict) -> Region:
     rule = forward_only_rule(region_to_closed_jaxpr(params["call_jaxpr"]),
                              params["num_consts"], params[FORWARD_ONLY_PARAM])
     return region_from_closed_jaxpr(body(rule.jvp))
+
+
+def _masked(outs: list[str], zeros: tuple, spell) -> list[str]:
+    """``outs`` with the ``k``-th replaced by ``spell(k)`` where ``zeros[k]``."""
+    if not zeros:
+        return list(outs)
+    return [spell(k) if k < len(zeros) and zeros[k] else o for k, o in enumerate(outs)]

@@ -249,7 +249,8 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
                             forward_primal=None, fwd_variants=None, bwd_variants=None):
     """``jax.custom_vjp(primal)`` for a rule whose first ``num_consts`` arguments are
     closed-over operands.  ``fwd(*c, *x)`` returns the outputs then the residuals;
-    ``bwd(*c, *r, *ct_y)`` the cotangents of the inexact arguments; ``outs`` holds
+    ``bwd(*c, *r, *ct_y)`` the cotangents of the inexact arguments (None for one the
+    user's bwd returned as a symbolic zero); ``outs`` holds
     each output's (shape, dtype).  ``forward_primal`` is the primal with a forward
     mode through the custom_vjp functions it calls, for forward-mode derivatives.
     ``fwd_variants`` / ``bwd_variants``: a symbolic-zeros rule traced per pattern of
@@ -324,7 +325,8 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
                             forward_primal=None, variants=None):
     """``jax.custom_jvp(primal)`` for a rule whose first ``num_consts`` arguments are
     closed-over operands.  ``jvp(*c, *x, *t_x)`` returns the outputs then the tangents
-    of the inexact outputs (tangents exist for inexact arguments only); ``outs``
+    of the inexact outputs (tangents exist for inexact arguments only; None for one
+    the user's rule returned as a symbolic zero); ``outs``
     holds each output's (shape, dtype).  ``forward_primal`` is the primal with a
     forward mode through the custom_vjp functions it calls; ``variants`` maps a
     pattern of perturbed inexact arguments to the rule traced for it."""
@@ -344,6 +346,9 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
         it = iter(res[len(outs):])
         t_outs = [next(it) if jnp.issubdtype(dtype, jnp.inexact) else _zeros(shape, dtype)
                   for shape, dtype in outs]
+        # None: a tangent the user's rule returned as a symbolic zero.
+        t_outs = [jax.custom_derivatives.zero_from_primal(y, symbolic_zeros=True)
+                  if t is None else t for t, y in zip(t_outs, res[:len(outs)])]
         if mode != "none":
             def f(*values):
                 full = list(consts)
@@ -352,7 +357,8 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
                 return forward_primal(*full, *args)
             _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
                                tuple(t_consts[i] for i in hot))
-            t_outs = [t + e if jnp.issubdtype(dtype, jnp.inexact) else t
+            t_outs = [(e if type(t) is jax.custom_derivatives.SymbolicZero else t + e)
+                      if jnp.issubdtype(dtype, jnp.inexact) else t
                       for t, e, (_, dtype) in zip(t_outs, extra, outs)]
         return list(res[:len(outs)]), t_outs
 
@@ -437,7 +443,9 @@ def _linear_call_by_pattern(callee, transpose, transposes, residual_args, linear
     linear_args)`` whose transposition runs ``transposes[pattern]`` (default
     ``transpose``), ``pattern`` telling which outputs' cotangents are not symbolic
     zeros: the tangent of a symbolic-zeros custom_vjp (vjp-to-jvp), whose bwd was
-    traced per pattern of zero cotangents, transposes as JAX would run that bwd."""
+    traced per pattern of zero cotangents, transposes as JAX would run that bwd.
+    A transpose returns None for a cotangent the user's bwd returned as a symbolic
+    zero: JAX gets a symbolic zero there too."""
     prim = _primitive("linear_call")
     _transpose_picks_by_pattern(prim)
     res, lin = tuple(residual_args), tuple(linear_args)
@@ -457,10 +465,15 @@ def _linear_call_by_pattern(callee, transpose, transposes, residual_args, linear
     def transpose_for(pattern):
         fn = transposes.get(pattern, transpose)
         if fn not in made:
+            zeros = []
+
             def flat(*xs):
                 cts = xs[n_res:]
-                return as_list(fn(xs[:n_res], cts[0] if single else tuple(cts)))
-            made[fn] = _open_jaxpr(flat, [*shapes(res), *out_shapes])
+                out = as_list(fn(xs[:n_res], cts[0] if single else tuple(cts)))
+                zeros[:] = [o is None for o in out]
+                return [jnp.zeros(jnp.shape(x), jnp.result_type(x)) if o is None else o
+                        for o, x in zip(out, lin)]
+            made[fn] = (*_open_jaxpr(flat, [*shapes(res), *out_shapes]), tuple(zeros))
         return made[fn]
     outs = prim.bind(*callee_consts, *res, *lin, callee=callee_jaxpr,
                      transpose_thunk=_TransposeByPattern(transpose_for),
@@ -485,7 +498,12 @@ class _TransposeByPattern:
         self._transpose_for, self._pattern = transpose_for, pattern
 
     def __call__(self):
-        return self._transpose_for(self._pattern)
+        return self._transpose_for(self._pattern)[:2]
+
+    def symbolic_outputs(self):
+        """Which cotangents the transpose returned as None (symbolic zeros)."""
+        zeros = self._transpose_for(self._pattern)[2]
+        return zeros if any(zeros) else ()
 
     def for_cotangents(self, pattern):
         return _TransposeByPattern(self._transpose_for, tuple(pattern))
@@ -503,7 +521,13 @@ def _transpose_picks_by_pattern(prim):
         pick = getattr(transpose_thunk, "for_cotangents", None)
         if pick is not None:
             transpose_thunk = pick(tuple(type(ct) is not ad.Zero for ct in cts))
-        return rule(cts, *args, transpose_thunk=transpose_thunk, **params)
+        out = list(rule(cts, *args, transpose_thunk=transpose_thunk, **params))
+        marks = getattr(transpose_thunk, "symbolic_outputs", None)
+        zeros = marks() if marks is not None else ()
+        if zeros:  # the linear operands' cotangents come last
+            n = len(zeros)
+            out[-n:] = [None if z else c for c, z in zip(out[-n:], zeros)]
+        return out
     transpose._picks_by_pattern = True
     ad.primitive_transposes[prim] = transpose
 '''

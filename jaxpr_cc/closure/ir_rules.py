@@ -26,6 +26,13 @@ First-order params (every Region constant-free):
 * linear_call: callee, transpose_jaxpr, num_callee_consts (always 0), num_res; the
   tangent of a symbolic-zeros custom_vjp (vjp-to-jvp) also has transpose_variants /
   transpose_variant_patterns (its bwd traced per pattern of nonzero output cotangents)
+* any of the three, when the user's rule returned a tangent or cotangent as a symbolic
+  zero (``SymbolicZero``, or ``None`` from a bwd): ``symbolic_zero_outputs``, one tuple
+  of bools per rule body -- the bwd bodies (bwd_jaxpr, then bwd_variants) of a
+  custom_vjp, the jvp bodies (jvp_jaxpr, then jvp_variants) of a custom_jvp, the
+  transposes (transpose_jaxpr, then transpose_variants) of a linear_call -- marking the
+  body's tangent outputs (a jvp body's after its primal outputs) that were symbolic;
+  ``()`` for a body with none.  The rebuilt rule gives JAX a symbolic zero there.
 
 In-process only (``IN_PROCESS_PARAMS``: not printed, not saved): ``pattern_rules``, a
 symbolic-zeros rule's bodies for the perturbation patterns no variant region lists,
@@ -42,7 +49,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .rules import (JVPRule, LazyJaxpr, LinearRule, RuleInfo, VJPRule, bind_linear_rule, body,
-                    build_custom_jvp, build_custom_vjp, forward_only_rule, rule_of)
+                    build_custom_jvp, build_custom_vjp, forward_only_rule, rule_of,
+                    symbolic_outputs)
 
 FIRST_ORDER_KEYS = {
     "custom_vjp_call": "bwd_jaxpr",
@@ -54,6 +62,8 @@ FORWARD_ONLY_PARAM = "forward_only_levels"
 #: Params that hold in-process objects: never printed nor saved (see the module doc).
 IN_PROCESS_PARAMS = frozenset({"pattern_rules"})
 _INFO_FIELDS = ("name", "source", "const_names", "closed_over", "max_forward_size", "reverse_ok")
+#: Which tangent outputs of each rule body the user's rule returned as symbolic zeros.
+SYMBOLIC_ZERO_OUTPUTS = "symbolic_zero_outputs"
 
 
 def is_first_order_custom(name: str, params: dict) -> bool:
@@ -87,6 +97,7 @@ def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
         p["bwd_variant_patterns"] = tuple((_bools(family), _bools(ct))
                                           for family, ct, _ in rule.bwd_variants)
         p["bwd_variants"] = tuple(to_region(body(b)) for _, _, b in rule.bwd_variants)
+    _symbolic_zeros_param(p, [rule.bwd, *(b for _, _, b in rule.bwd_variants)])
     if rule.pattern_rules is not None:
         p["pattern_rules"] = rule.pattern_rules
     return p
@@ -94,6 +105,20 @@ def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
 
 def _bools(pattern) -> tuple:
     return tuple(bool(b) for b in pattern)
+
+
+def _symbolic_zeros_param(p: dict, bodies) -> None:
+    """Record the symbolic-zero outputs of ``bodies`` (the main body, then the
+    variants), if any has one."""
+    masks = tuple(_bools(symbolic_outputs(b)) for b in bodies)
+    if any(masks):
+        p[SYMBOLIC_ZERO_OUTPUTS] = masks
+
+
+def symbolic_zero_masks(params: dict, n: int) -> list:
+    """Per body (main, then variants): its symbolic-zero outputs, ``()`` for none."""
+    masks = list(params.get(SYMBOLIC_ZERO_OUTPUTS, ()))
+    return [tuple(m) for m in masks] + [()] * (n - len(masks))
 
 
 def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
@@ -108,6 +133,8 @@ def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
         p["jvp_variant_patterns"] = tuple(tuple(bool(b) for b in pattern)
                                           for pattern, _ in rule.variants)
         p["jvp_variants"] = tuple(to_region(body(v)) for _, v in rule.variants)
+    if rule.forward_only_levels is None:
+        _symbolic_zeros_param(p, [rule.jvp, *(v for _, v in rule.variants)])
     if rule.pattern_rules is not None:
         p["pattern_rules"] = rule.pattern_rules
     return p
@@ -119,6 +146,7 @@ def _import_linear(jparams: dict, rule: LinearRule, to_region: Callable) -> dict
     if rule.transpose_variants:  # a symbolic-zeros bwd per cotangent pattern (vjp-to-jvp)
         p["transpose_variant_patterns"] = tuple(_bools(ct) for ct, _ in rule.transpose_variants)
         p["transpose_variants"] = tuple(to_region(body(t)) for _, t in rule.transpose_variants)
+    _symbolic_zeros_param(p, [rule.transpose, *(t for _, t in rule.transpose_variants)])
     if rule.pattern_rules is not None:
         p["pattern_rules"] = rule.pattern_rules
     return p
@@ -146,24 +174,26 @@ def import_params(name: str, jparams: dict, to_region: Callable) -> dict | None:
 
 # ------------------------------------------------------------------ export
 def _rule_from_params(name: str, params: dict, from_region: Callable):
-    def lazy(key):
+    def lazy(key, zeros=()):
         region = params[key]
-        return LazyJaxpr(lambda: from_region(region))
+        return LazyJaxpr(lambda: from_region(region), zeros)
 
-    def lazy_region(region):
-        return LazyJaxpr(lambda: from_region(region))
+    def lazy_region(region, zeros=()):
+        return LazyJaxpr(lambda: from_region(region), zeros)
 
     if name == "custom_vjp_call":
         fwd_variants = tuple(
             (tuple(pattern), lazy_region(region), n)
             for (pattern, n), region in zip(params.get("fwd_variant_patterns", ()),
                                             params.get("fwd_variants", ())))
+        regions = params.get("bwd_variants", ())
+        masks = symbolic_zero_masks(params, 1 + len(regions))
         bwd_variants = tuple(
-            (tuple(family), tuple(ct), lazy_region(region))
-            for (family, ct), region in zip(params.get("bwd_variant_patterns", ()),
-                                            params.get("bwd_variants", ())))
+            (tuple(family), tuple(ct), lazy_region(region, zeros))
+            for (family, ct), region, zeros in zip(params.get("bwd_variant_patterns", ()),
+                                                   regions, masks[1:]))
         return VJPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
-                       fwd=lazy("fwd_jaxpr"), bwd=lazy("bwd_jaxpr"),
+                       fwd=lazy("fwd_jaxpr"), bwd=lazy("bwd_jaxpr", masks[0]),
                        num_consts=params["num_consts"], num_res=params["num_res"],
                        symbolic_zeros=params["symbolic_zeros"],
                        fwd_variants=fwd_variants, bwd_variants=bwd_variants,
@@ -172,21 +202,25 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
         return forward_only_rule(from_region(params["call_jaxpr"]), params["num_consts"],
                                  params[FORWARD_ONLY_PARAM], _info_from(params))
     if name == "custom_jvp_call":
+        regions = params.get("jvp_variants", ())
+        masks = symbolic_zero_masks(params, 1 + len(regions))
         variants = tuple(
-            (tuple(pattern), LazyJaxpr(lambda region=region: from_region(region)))
-            for pattern, region in zip(params.get("jvp_variant_patterns", ()),
-                                       params.get("jvp_variants", ())))
+            (tuple(pattern), lazy_region(region, zeros))
+            for pattern, region, zeros in zip(params.get("jvp_variant_patterns", ()),
+                                              regions, masks[1:]))
         return JVPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
-                       jvp=lazy("jvp_jaxpr"), num_consts=params["num_consts"],
+                       jvp=lazy("jvp_jaxpr", masks[0]), num_consts=params["num_consts"],
                        symbolic_zeros=params["symbolic_zeros"], variants=variants,
                        pattern_rules=params.get("pattern_rules"))
     info = RuleInfo(name="linear_call", source="<linear_call>", const_names=())
+    regions = params.get("transpose_variants", ())
+    masks = symbolic_zero_masks(params, 1 + len(regions))
     transpose_variants = tuple(
-        (tuple(ct), lazy_region(region))
-        for ct, region in zip(params.get("transpose_variant_patterns", ()),
-                              params.get("transpose_variants", ())))
+        (tuple(ct), lazy_region(region, zeros))
+        for ct, region, zeros in zip(params.get("transpose_variant_patterns", ()), regions,
+                                     masks[1:]))
     return LinearRule(info=info, callee=from_region(params["callee"]),
-                      transpose=lazy("transpose_jaxpr"), num_res=params["num_res"],
+                      transpose=lazy("transpose_jaxpr", masks[0]), num_res=params["num_res"],
                       transpose_variants=transpose_variants,
                       pattern_rules=params.get("pattern_rules"))
 

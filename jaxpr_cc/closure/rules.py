@@ -41,17 +41,53 @@ def is_inexact(aval) -> bool:
 class LazyJaxpr:
     """A rule body made on first use.  A rule that calls its own custom function is a
     cycle: its fwd holds a call whose fwd is itself.  Bodies reached through a rule are
-    made when JAX differentiates to that order, so every finite order is finite work."""
-    __slots__ = ("_make", "_value")
+    made when JAX differentiates to that order, so every finite order is finite work.
 
-    def __init__(self, make):
+    It also carries which of the body's tangent (or cotangent) outputs the user's rule
+    returned as symbolic zeros (``SymbolicZero`` or ``None``): a traced body holds a
+    dense zero there, and the rebuilt rule hands JAX a symbolic zero again, so a rule
+    downstream sees that output unperturbed, as in JAX (``symbolic_outputs``)."""
+    __slots__ = ("_make", "_value", "_zeros")
+
+    def __init__(self, make, zeros: tuple | None = None):
         self._make = make
         self._value = None
+        self._zeros = None if zeros is None else _mask(zeros)
 
     def get(self):
         if self._value is None:
-            self._value = self._make()
+            made = self._make()
+            self._value = body(made)
+            if self._zeros is None:
+                self._zeros = symbolic_outputs(made)
         return self._value
+
+    @property
+    def zeros(self) -> tuple:
+        self.get()
+        return self._zeros
+
+
+def _mask(zeros) -> tuple:
+    zeros = tuple(bool(z) for z in zeros)
+    return zeros if any(zeros) else ()
+
+
+def marked(closed, zeros):
+    """``closed`` (a body) recorded with the outputs its rule returned as symbolic
+    zeros; ``closed`` itself when there are none."""
+    zeros = _mask(zeros)
+    if not zeros:
+        return closed
+    made = LazyJaxpr(None, zeros)
+    made._value = body(closed)
+    return made
+
+
+def symbolic_outputs(closed) -> tuple:
+    """Which outputs of a body (its tangents for a jvp rule, all of them for a bwd or
+    a transpose) its rule returned as symbolic zeros; ``()`` when none."""
+    return closed.zeros if type(closed) is LazyJaxpr else ()
 
 
 def body(closed):
@@ -92,7 +128,7 @@ class PatternRules:
         extra = list(const_avals[self.num_consts:])
         if isinstance(made, tuple):  # (fwd, num_res)
             return (_with_more_consts(made[0], self.num_consts, extra), made[1])
-        return _with_more_consts(made, self.num_consts, extra)
+        return marked(_with_more_consts(made, self.num_consts, extra), symbolic_outputs(made))
 
 
 def _with_more_consts(closed, num_consts: int, avals):
@@ -528,6 +564,16 @@ def _jacobian_tangents(call, ops, hot, tangents, out_avals):
     return extra
 
 
+def _unmask(values, zeros: tuple, symbolic):
+    """``values`` with those ``zeros`` marks replaced by ``symbolic`` (one value, or
+    a list aligned with ``values``)."""
+    if not zeros:
+        return list(values)
+    if not isinstance(symbolic, list):
+        symbolic = [symbolic] * len(values)
+    return [s if z else v for v, z, s in zip(values, zeros, symbolic)]
+
+
 def build_custom_vjp(rule: VJPRule):
     """A ``jax.custom_vjp`` function of ``(*c, *x)`` that runs the rule's jaxprs."""
     info, nc, nr = rule.info, rule.num_consts, rule.num_res
@@ -610,7 +656,10 @@ def build_custom_vjp(rule: VJPRule):
                 rule_bwd = rule.pattern_rules.get(("bwd", in_pattern, ct_pattern), const_avals)
             if rule_bwd is None:
                 rule_bwd = bwd_by_pattern[(family, full)] if family else rule.bwd
-            it = iter(run(rule_bwd, *saved_consts, *saved_res, *dense_cts))
+            got = run(rule_bwd, *saved_consts, *saved_res, *dense_cts)
+            # A cotangent the user's bwd returned as None or SymbolicZero goes back
+            # to JAX as a symbolic zero (None), as from the user's own rule.
+            it = iter(_unmask(got, symbolic_outputs(rule_bwd), None))
             arg_cts = [next(it) if is_inexact(a) else None for a in arg_avals]
         const_cts: list = [None] * nc
         if mode == "reverse":
@@ -668,11 +717,15 @@ def build_custom_jvp(rule: JVPRule):
             chosen = variants.get(pattern)
             if chosen is None and rule.pattern_rules is not None:
                 chosen = rule.pattern_rules.get(pattern, const_avals)  # traced now if new
-            chosen = body(chosen if chosen is not None else rule.jvp)
+            chosen = chosen if chosen is not None else rule.jvp
             res = run(chosen, *consts, *args, *dense)
             # The tangents as the rule returned them: a dense zero stays dense, as
-            # JAX passes it on (a rule downstream may read it as perturbed).
-            outs, t_in = res[:n_out], iter(res[n_out:])
+            # JAX passes it on (a rule downstream may read it as perturbed), and a
+            # symbolic zero stays symbolic.
+            outs = res[:n_out]
+            t_in = iter(_unmask(res[n_out:], symbolic_outputs(chosen),
+                                [SymbolicZero(a.to_tangent_aval()) for a in out_avals
+                                 if is_inexact(a)]))
             t_outs = [next(t_in) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
                       for a in out_avals]
         if mode != "none":
@@ -712,6 +765,10 @@ class _TransposeThunk:
 
     def __call__(self):
         return body(self._jaxpr_cc_rule.transpose), []
+
+    def symbolic_outputs(self) -> tuple:
+        """Which of the transpose's outputs its rule returned as symbolic zeros."""
+        return symbolic_outputs(self._jaxpr_cc_rule.transpose)
 
     def swapped(self) -> "_TransposeThunk":
         """The thunk of the transposed call (callee and transpose exchanged)."""

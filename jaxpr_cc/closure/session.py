@@ -38,7 +38,8 @@ from . import naming
 from .errors import ClosureConversionError
 from .fingerprint import fingerprint
 from .rules import (CLOSED_OVER_MODES, JVPRule, LazyJaxpr, LinearRule, PatternRules, RuleInfo,
-                    VJPRule, bind_linear_rule, build_custom_jvp, build_custom_vjp, is_inexact)
+                    VJPRule, bind_linear_rule, build_custom_jvp, build_custom_vjp, is_inexact,
+                    marked)
 
 _local = threading.local()
 # JAX's jit tracing cache must not hand a jit body traced inside one session (its rules
@@ -252,8 +253,9 @@ class TraceSession:
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("vjp", cvjp.fwd, e)), 0)
             f_jaxpr, f_consts, num_res, res_layout = fwd
+            zeros = ()
             try:
-                b_jaxpr, b_consts = self._trace_vjp_bwd(
+                b_jaxpr, b_consts, zeros = self._trace_vjp_bwd(
                     cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
                     res_layout, in_perturbed, ct_pattern)
             except ClosureConversionError:
@@ -267,7 +269,7 @@ class TraceSession:
                 b_jaxpr, b_consts = _refusing_bwd(
                     [v.aval for v in f_jaxpr.outvars[len(out_avals):]], avals, out_avals,
                     _rule_error("vjp", cvjp.bwd, e))
-            traced = _Traced(f_jaxpr, f_consts, b_jaxpr, b_consts, num_res)
+            traced = _Traced(f_jaxpr, f_consts, b_jaxpr, b_consts, num_res, zeros=zeros)
             traced.fwd_traced = fwd
             return traced
 
@@ -314,7 +316,7 @@ class TraceSession:
                 fwd = getattr(t, "fwd_traced", None)
                 if fwd is not None and any(not c for c in ct_pattern) and unchanged():
                     t = trace_pattern(_flags(inexact, len(avals), in_pattern), ct_pattern, fwd)
-                return _close_made(t.second, t.second_consts, consts, cvjp.bwd)
+                return marked(_close_made(t.second, t.second_consts, consts, cvjp.bwd), t.zeros)
             return PatternRules(make, len(consts), main_pattern)
 
         def finish(t: "_Traced", consts):
@@ -324,10 +326,11 @@ class TraceSession:
                 return _close(_with_consts(jaxpr, own, consts))
             fwd_variants = tuple((pattern, closed(v.first, v.first_consts), v.num_res)
                                  for pattern, v in t.fwd_variants)
-            bwd_variants = tuple((family, ct_pattern, closed(v.second, v.second_consts))
+            bwd_variants = tuple((family, ct_pattern,
+                                  marked(closed(v.second, v.second_consts), v.zeros))
                                  for family, ct_pattern, v in t.bwd_variants)
             rule = rule_for(consts, closed(t.first, t.first_consts),
-                            closed(t.second, t.second_consts), t.num_res,
+                            marked(closed(t.second, t.second_consts), t.zeros), t.num_res,
                             fwd_variants, bwd_variants,
                             pattern_rules_for(t, consts) if made_by else None)
             return rule, consts, out_tree, build_custom_vjp(rule)
@@ -423,7 +426,9 @@ class TraceSession:
     def _trace_vjp_bwd(self, cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
                        res_layout, perturbed, ct_pattern=None):
         """``ct_pattern`` (over the inexact outputs): which output cotangents are not
-        symbolic zeros; the others reach a symbolic-zeros bwd as SymbolicZero."""
+        symbolic zeros; the others reach a symbolic-zeros bwd as SymbolicZero.
+        Returns ``(jaxpr, consts, zeros)``, ``zeros`` marking the cotangents the bwd
+        returned as None or SymbolicZero."""
         n_out = len(out_avals)
         res_tree, fixed_res = res_layout
         res_avals = [v.aval for v in f_jaxpr.outvars[n_out:]]
@@ -443,10 +448,12 @@ class TraceSession:
                 cts = [ct if not is_inexact(a) or next(nonzero)
                        else SymbolicZero(a.to_tangent_aval()) for ct, a in zip(cts, out_avals)]
             got = cvjp.bwd(*static, res, tree_util.tree_unflatten(out_tree, cts))
-            return _flatten_cotangents(got, in_tree, avals, cvjp, perturbed)
+            out, store["zeros"] = _flatten_cotangents(got, in_tree, avals, cvjp, perturbed)
+            return out
 
+        store: dict = {}
         jaxpr, consts, _ = jx.trace_flat(bwd_flat, [*res_avals, *ct_avals], "custom_vjp bwd")
-        return jaxpr, consts
+        return jaxpr, consts, store["zeros"]
 
     # --------------------------------------------------------- custom_jvp
     def call_custom_jvp(self, cjvp, args, kwargs):
@@ -477,8 +484,9 @@ class TraceSession:
             if refuse is not None:
                 return _Traced(*_refusing_jvp(p_jaxpr, p_consts, avals, out_avals, refuse))
             try:
-                traced = _Traced(*self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
-                                                  out_avals, perturbed))
+                j, c, zeros = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
+                                              out_avals, perturbed)
+                traced = _Traced(j, c, zeros=zeros)
                 if cjvp.symbolic_zeros and self._variants_allowed():
                     traced.add_variants(self._trace_jvp_variants(
                         cjvp, static, in_tree, avals, out_tree, out_avals, perturbed,
@@ -520,23 +528,27 @@ class TraceSession:
             def make(pattern):
                 if pattern == main_pattern or not unchanged():
                     return None  # the main rule (see _unchanged_since_call)
+                zeros = ()
                 try:
-                    jaxpr, cs = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
-                                                out_avals, _flags(inexact, len(avals), pattern))
+                    jaxpr, cs, zeros = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
+                                                       out_avals,
+                                                       _flags(inexact, len(avals), pattern))
                 except ClosureConversionError:
                     raise
                 except Exception as e:  # raises as in JAX, when JAX runs this pattern
                     jaxpr, cs = _refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("jvp", cjvp.jvp, e))
-                return _close_made(_without_dead_equations(jaxpr), cs, consts, cjvp.jvp)
+                return marked(_close_made(_without_dead_equations(jaxpr), cs, consts, cjvp.jvp),
+                              zeros)
             return PatternRules(make, len(consts), main_pattern)
 
         def finish(t: "_Traced", consts):
             if consts is None:
                 consts = _dedupe(p_consts + t.consts)
-            variants = tuple((pattern, _close(_with_consts(j, c, consts)))
-                             for pattern, j, c in t.variants)
-            rule = rule_for(consts, _close(_with_consts(t.first, t.first_consts, consts)),
+            variants = tuple((pattern, marked(_close(_with_consts(j, c, consts)), zeros))
+                             for pattern, j, c, zeros in t.variants)
+            rule = rule_for(consts, marked(_close(_with_consts(t.first, t.first_consts, consts)),
+                                           t.zeros),
                             variants, pattern_rules_for(consts) if made_by else None)
             return rule, consts, out_tree, build_custom_jvp(rule)
 
@@ -568,11 +580,12 @@ class TraceSession:
                 raise ClosureConversionError(
                     f"custom_jvp rule '{naming.name_of(cjvp.jvp)}' ({naming.source_of(cjvp.jvp)}) "
                     f"returns primal outputs of structure {tree}, but the function returns {out_tree}")
-            t_leaves = _flatten_tangents(t_out, out_tree, out_avals, cjvp)
+            t_leaves, store["zeros"] = _flatten_tangents(t_out, out_tree, out_avals, cjvp)
             return [*p_leaves, *t_leaves]
 
+        store: dict = {}
         jaxpr, consts, _ = jx.trace_flat(jvp_flat, [*avals, *t_avals], "custom_jvp jvp")
-        return jaxpr, consts
+        return jaxpr, consts, store["zeros"]
 
     def _trace_jvp_variants(self, cjvp, static, in_tree, avals, out_tree, out_avals, perturbed,
                             primal):
@@ -580,7 +593,8 @@ class TraceSession:
         may give it when the program is differentiated: every nonempty proper subset
         of the inputs perturbable now (the full set is the rule's main jvp).  Which
         inputs JAX perturbs is known only then; the rule sees SymbolicZero for the
-        others, as in JAX.  Returns ``[(pattern over inexact leaves, jaxpr, consts)]``;
+        others, as in JAX.  Returns ``[(pattern over inexact leaves, jaxpr, consts,
+        symbolic-zero outputs)]``;
         none beyond ``_MAX_PATTERN_INPUTS`` perturbable inputs (docs/closure.md).
         A pattern the rule raises for raises when JAX runs it (``primal``: the
         primal's jaxpr and closed-over values)."""
@@ -590,9 +604,10 @@ class TraceSession:
             full = [False] * len(avals)
             for i, p in zip(inexact, pattern):
                 full[i] = p
+            zeros = ()
             try:
-                jaxpr, consts = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
-                                                out_avals, tuple(full))
+                jaxpr, consts, zeros = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
+                                                       out_avals, tuple(full))
             except ClosureConversionError:
                 raise
             except Exception as e:  # raises as in JAX, if JAX ever gives it this pattern
@@ -601,7 +616,7 @@ class TraceSession:
                 p_jaxpr, p_consts = primal
                 jaxpr, consts = _refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
                                               _rule_error("jvp", cjvp.jvp, e))
-            out.append((pattern, jaxpr, consts))
+            out.append((pattern, jaxpr, consts, zeros))
         return out
 
     # --------------------------------------------------------- linear_call
@@ -662,16 +677,20 @@ class _Traced:
     """A rule's traced bodies: (first, its closed-over values) and, for custom_vjp,
     (second, its closed-over values) = fwd and bwd; for custom_jvp, first = jvp."""
 
-    def __init__(self, first, first_consts, second=None, second_consts=(), num_res=0):
+    def __init__(self, first, first_consts, second=None, second_consts=(), num_res=0,
+                 zeros=()):
         self.first, self.first_consts = _without_dead_equations(first), list(first_consts)
         self.second, self.second_consts = _without_dead_equations(second), list(second_consts)
         self.num_res = num_res
+        # Which outputs of the derivative body (jvp's tangents, bwd's cotangents) the
+        # user's rule returned as symbolic zeros (rules.marked).
+        self.zeros = tuple(zeros)
         self.consts = _dedupe(self.first_consts + self.second_consts)
-        self.variants: list = []  # (pattern, jaxpr, consts): see _trace_jvp_variants
+        self.variants: list = []  # (pattern, jaxpr, consts, zeros): see _trace_jvp_variants
 
     def add_variants(self, variants: list) -> None:
         self.variants = list(variants)
-        self.consts = _dedupe(self.consts + [c for _, _, cs in variants for c in cs])
+        self.consts = _dedupe(self.consts + [c for _, _, cs, _ in variants for c in cs])
 
     fwd_variants: list = []
     bwd_variants: list = []
@@ -967,7 +986,8 @@ def _unperturbed_tangent(aval, symbolic: bool):
 
 
 def _flatten_cotangents(got, in_tree, avals, cvjp, perturbed):
-    """The user's bwd result -> dense cotangents of the inexact argument leaves."""
+    """The user's bwd result -> (dense cotangents of the inexact argument leaves,
+    which of them it returned as None or SymbolicZero)."""
     import jax.numpy as jnp
     n_args = in_tree.num_leaves
     if isinstance(got, list):
@@ -998,18 +1018,19 @@ def _flatten_cotangents(got, in_tree, avals, cvjp, perturbed):
             f"{len(got)} cotangents for {len(dummy)} differentiable arguments")
     for ct, d in zip(got, dummy):
         place(ct, d)
-    out = []
+    out, zeros = [], []
     for ct, a, p in zip(flat, avals, perturbed):
         if not is_inexact(a):
             continue
         if not p:  # JAX drops the cotangent of an input it never perturbed
             ct = None
-        if ct is None or type(ct).__name__ == "SymbolicZero" or (
-                hasattr(ct, "dtype") and ct.dtype == jax.dtypes.float0):
+        symbolic = ct is None or type(ct).__name__ == "SymbolicZero"
+        zeros.append(symbolic)
+        if symbolic or (hasattr(ct, "dtype") and ct.dtype == jax.dtypes.float0):
             out.append(jnp.zeros(a.shape, a.dtype))
         else:
             out.append(jnp.asarray(ct).astype(a.dtype) if jnp.result_type(ct) != a.dtype else ct)
-    return out
+    return out, tuple(zeros)
 
 
 def _flatten_tangents(t_out, out_tree, out_avals, cjvp):
@@ -1021,15 +1042,14 @@ def _flatten_tangents(t_out, out_tree, out_avals, cjvp):
             f"custom_jvp rule '{naming.name_of(cjvp.jvp)}' ({naming.source_of(cjvp.jvp)}) returns "
             f"tangents whose structure does not match the primal outputs ({out_tree}): "
             f"{' '.join(str(e).split())[:300]}") from None
-    out = []
+    out, zeros = [], []
     for t, a in zip(leaves, out_avals):
         if not is_inexact(a):
             continue
-        if t is None or type(t).__name__ == "SymbolicZero":
-            out.append(jnp.zeros(a.shape, a.dtype))
-        else:
-            out.append(t)
-    return out
+        symbolic = t is None or type(t).__name__ == "SymbolicZero"
+        zeros.append(symbolic)
+        out.append(jnp.zeros(a.shape, a.dtype) if symbolic else t)
+    return out, tuple(zeros)
 
 
 def _const_identity(value):

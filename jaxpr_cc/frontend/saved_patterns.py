@@ -27,7 +27,8 @@ from __future__ import annotations
 import warnings
 from itertools import product
 
-from ..closure.rules import body, is_inexact
+from ..closure.ir_rules import SYMBOLIC_ZERO_OUTPUTS, symbolic_zero_masks
+from ..closure.rules import body, is_inexact, symbolic_outputs
 from ..ir.layouts import closed_over_count
 
 #: Bodies traced at save / emit time per rule, at most (each is one trace of the
@@ -79,7 +80,8 @@ def complete_patterns(program):
 _BODY_PARAMS = ("fwd_jaxpr", "bwd_jaxpr", "jvp_jaxpr", "transpose_jaxpr")
 _VARIANT_PARAMS = frozenset({"fwd_variant_patterns", "fwd_variants", "bwd_variant_patterns",
                              "bwd_variants", "jvp_variant_patterns", "jvp_variants",
-                             "transpose_variant_patterns", "transpose_variants"})
+                             "transpose_variant_patterns", "transpose_variants",
+                             SYMBOLIC_ZERO_OUTPUTS})
 
 
 def _same_rule_key(params: dict) -> tuple:
@@ -214,14 +216,24 @@ def _jvp_params(eqn, p, memo) -> dict:
     if not _within_limit(eqn, p, len(wanted), "patterns of perturbed inputs"):
         return {}
     patterns, regions = list(have), list(p.get("jvp_variants", ()))
+    masks = symbolic_zero_masks(p, 1 + len(regions))
     for q in wanted:
         made = rules.get(q, const_avals)
         if made is not None:  # None: the main body is the one for q
             patterns.append(q)
             regions.append(_to_region(made, memo))
+            masks.append(symbolic_outputs(made))
     if len(patterns) == len(have):
         return {}
-    return {"jvp_variant_patterns": tuple(patterns), "jvp_variants": tuple(regions)}
+    return {"jvp_variant_patterns": tuple(patterns), "jvp_variants": tuple(regions),
+            **_masks_param(masks)}
+
+
+def _masks_param(masks: list) -> dict:
+    """``symbolic_zero_outputs`` for bodies with these masks (main body first), or
+    nothing when no body has a symbolic-zero output."""
+    masks = tuple(tuple(bool(z) for z in m) for m in masks)
+    return {SYMBOLIC_ZERO_OUTPUTS: masks} if any(masks) else {}
 
 
 def _vjp_params(region, eqn, p, memo) -> dict:
@@ -236,6 +248,8 @@ def _vjp_params(region, eqn, p, memo) -> dict:
                                                       p.get("fwd_variants", ()))}
     bwd_have = {(tuple(f), tuple(c)): r for (f, c), r in zip(p.get("bwd_variant_patterns", ()),
                                                              p.get("bwd_variants", ()))}
+    main_mask, *old_masks = symbolic_zero_masks(p, 1 + len(bwd_have))
+    mask_of = dict(zip(bwd_have, old_masks))
     in_patterns = [q for q in _subsets(_input_universe(rules, n), n) if q != main]
     ct_patterns = list(_subsets(_live_outputs(region, eqn, out_inexact), m, nonempty=False))
     count = sum(1 for q in in_patterns if q not in fwd_have)
@@ -259,6 +273,7 @@ def _vjp_params(region, eqn, p, memo) -> dict:
             made = rules.get(("bwd", f or main, c), const_avals)
             if made is not None:
                 bwd_new[(f, c)] = _to_region(made, memo)
+                mask_of[(f, c)] = symbolic_outputs(made)
     # A family's bwd for every cotangent (what a loaded rule falls back to) must
     # be there, or the loaded rule would pair the family's residuals with another bwd.
     families_ok = {q for q in fwd_new if (q, full) in bwd_new}
@@ -269,7 +284,8 @@ def _vjp_params(region, eqn, p, memo) -> dict:
     return {"fwd_variant_patterns": tuple((q, int(k)) for q, (_, k) in fwd_new.items()),
             "fwd_variants": tuple(r for r, _ in fwd_new.values()),
             "bwd_variant_patterns": tuple(bwd_new),
-            "bwd_variants": tuple(bwd_new.values())}
+            "bwd_variants": tuple(bwd_new.values()),
+            **_masks_param([main_mask, *(mask_of[k] for k in bwd_new)])}
 
 
 def _linear_params(region, eqn, p, memo) -> dict:
@@ -283,12 +299,14 @@ def _linear_params(region, eqn, p, memo) -> dict:
     if not _within_limit(eqn, p, len(wanted), "patterns of output cotangents"):
         return {}
     patterns, regions = list(have), list(p.get("transpose_variants", ()))
+    masks = symbolic_zero_masks(p, 1 + len(regions))
     for c in wanted:
         made = rules.get(c, const_avals)
         if made is not None:
             patterns.append(c)
             regions.append(_to_region(made, memo))
+            masks.append(symbolic_outputs(made))
     if len(patterns) == len(have):
         return {}
     return {"transpose_variant_patterns": tuple(patterns),
-            "transpose_variants": tuple(regions)}
+            "transpose_variants": tuple(regions), **_masks_param(masks)}

@@ -21,9 +21,9 @@ from jax import tree_util
 from .. import jax_adapter as jx
 from ..closure import naming
 from ..closure.errors import ClosureConversionError
-from ..closure.ir_rules import FIRST_ORDER_KEYS, is_first_order_custom
+from ..closure.ir_rules import FIRST_ORDER_KEYS, SYMBOLIC_ZERO_OUTPUTS, is_first_order_custom
 from ..closure.rules import (FORWARD_ONLY_LEVELS, PatternRules, RuleInfo, forward_only,
-                             forward_only_avals, forward_only_target, is_inexact)
+                             forward_only_avals, forward_only_target, is_inexact, marked)
 from ..closure.session import (_dedupe, _insert_inputs, _variant_patterns, _with_consts,
                                session)
 from ..ir.clone import clone_function
@@ -259,7 +259,11 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
 
     def trace_bwd(res_avals, ct_pattern=None):
         """JAX's bwd on dense cotangents, or (``ct_pattern``, over the inexact
-        outputs) with SymbolicZero for the outputs it marks False."""
+        outputs) with SymbolicZero for the outputs it marks False: ``(b_j, b_c,
+        zeros)``, ``zeros`` marking the cotangents of the arguments the user's bwd
+        returned as symbolic zeros."""
+        store: dict = {}
+
         def bwd_dense(*xs):
             res, it3 = xs[:len(res_avals)], iter(xs[len(res_avals):])
             nonzero = iter(ct_pattern) if ct_pattern is not None else None
@@ -275,6 +279,9 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
                 cts.append(value if nonzero is None or next(nonzero)
                            else jx.symbolic_zero(ct))
             got = jx.call_wrapped(bwd_fn, *res, *cts)
+            # The primal's own consts' cotangents come first and are dropped (bwd_of).
+            store["zeros"] = tuple(jx.is_symbolic_zero(g) for g, a in
+                                   zip(got[nc:], jx_in_avals[nc:]) if is_inexact(a))
             got = [jx.instantiate_zero(g, a.to_ct_aval()) for g, a in zip(got, jx_in_avals)]
             return [g for g, a in zip(got, jx_in_avals) if is_inexact(a)]
 
@@ -282,13 +289,13 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
                              res_avals + [a for a, o in zip(ct_avals, out_avals) if is_inexact(o)],
                              "custom_vjp bwd")
         _check_concrete("vjp", bwd_fn, b_c)
-        return b_j, list(b_c)
+        return b_j, list(b_c), store["zeros"]
 
     # JAX perturbs only the inexact arguments it differentiates (integers never).
     all_perturbed = [is_inexact(a) for a in arg_avals]
     fwd_consts, f_j, f_c, res_avals = trace_fwd(all_perturbed)
-    b_j, b_c = trace_bwd(res_avals)
-    main = (fwd_consts, f_j, f_c, len(res_avals), b_j, b_c)
+    b_j, b_c, b_zeros = trace_bwd(res_avals)
+    main = (fwd_consts, f_j, f_c, len(res_avals), b_j, b_c, b_zeros)
     fwd_variants, bwd_variants = [], []
     trace_for = None
     if p.get("symbolic_zeros", False):
@@ -300,7 +307,7 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
             """The staged rules for a pattern no variant lists, when JAX first gives
             it: ("fwd", pattern) -> (fwd_consts, f_j, f_c, num_res), or None when the
             rule refuses the pattern (the main rule runs, as for the variants);
-            ("bwd", pattern, ct_pattern) -> (b_j, b_c), right after that pattern's
+            ("bwd", pattern, ct_pattern) -> (b_j, b_c, zeros), right after that pattern's
             fwd (JAX's bwd reads the residual layout of the last fwd traced)."""
             flags = [False] * len(arg_avals)
             for i, q in zip(inexact, key[1]):
@@ -326,7 +333,7 @@ def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
     (docs/closure.md): fwd per pattern of perturbed inexact arguments, bwd per
     (that pattern, pattern of nonzero output cotangents).  A pattern the rules raise
     for is left out (the main rule runs for it).  Returns ``([(pattern, fwd_consts,
-    f_j, f_c, num_res)], [(family, ct_pattern, b_j, b_c)])``."""
+    f_j, f_c, num_res)], [(family, ct_pattern, b_j, b_c, zeros)])``."""
     from ..closure.session import _MAX_VJP_VARIANTS, _cotangent_patterns
     inexact = [i for i, a in enumerate(arg_avals) if is_inexact(a)]
     in_patterns = _variant_patterns(arg_avals, [is_inexact(a) for a in arg_avals])
@@ -338,12 +345,12 @@ def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
     def ct_variants(family, v_res):
         for ct_pattern in ct_patterns:
             try:
-                b_j, b_c = trace_bwd(v_res, ct_pattern)
+                b_j, b_c, zeros = trace_bwd(v_res, ct_pattern)
             except ClosureConversionError:
                 raise
             except Exception:  # noqa: BLE001 -- a pattern the rule refuses
                 continue
-            bwd_variants.append((family, ct_pattern, b_j, b_c))
+            bwd_variants.append((family, ct_pattern, b_j, b_c, zeros))
 
     # JAX's bwd reads the residual layout of the last fwd JAX traced, and its fwd
     # thunk traces each pattern once (memoized): so each pattern's bwds are traced
@@ -355,13 +362,13 @@ def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
             flags[i] = q
         try:
             fwd_consts, f_j, f_c, v_res = trace_fwd(flags)
-            b_j, b_c = trace_bwd(v_res)
+            b_j, b_c, zeros = trace_bwd(v_res)
         except ClosureConversionError:
             raise
         except Exception:  # noqa: BLE001 -- a pattern the rule refuses: the main rule
             continue
         fwd_variants.append((pattern, fwd_consts, f_j, f_c, len(v_res)))
-        bwd_variants.append((pattern, full_ct, b_j, b_c))
+        bwd_variants.append((pattern, full_ct, b_j, b_c, zeros))
         ct_variants(pattern, v_res)
     return fwd_variants, bwd_variants
 
@@ -376,15 +383,15 @@ def _consts_first(jaxpr):
 def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, main, bwd_fn,
                 fwd_variants=(), bwd_variants=(), trace_for=None):
     """Assemble the first-order equation: operands (jax consts, new consts, args).
-    ``main``: (fwd_consts, f_j, f_c, num_res, b_j, b_c); the variants as
+    ``main``: (fwd_consts, f_j, f_c, num_res, b_j, b_c, b_zeros); the variants as
     ``_staged_vjp_variants`` returns them."""
-    fwd_consts, f_j, f_c, num_res, b_j, b_c = main
+    fwd_consts, f_j, f_c, num_res, b_j, b_c, b_zeros = main
     ops = list(eqn.inputs)
     jax_consts, args = ops[:nc], ops[nc:]
     # fwd_dense takes (fwd_consts, args) plus its own trace consts f_c; bwd takes (res, ct) + b_c.
     extra = _dedupe(list(fwd_consts) + list(f_c) + list(b_c)
                     + [c for _, v_fc, _, v_c, _ in fwd_variants for c in (*v_fc, *v_c)]
-                    + [c for _, _, _, v_c in bwd_variants for c in v_c])
+                    + [c for _, _, _, v_c, _ in bwd_variants for c in v_c])
     new_vals = _new_consts(region, eqn, extra)
     n_new = len(extra)
     # call: (jax_consts, args) -> y      ==> (jax_consts, extra, args) -> y
@@ -431,9 +438,12 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, mai
                                        for _, v_fc, v_j, v_c, _ in fwd_variants)
     if bwd_variants:
         params["bwd_variant_patterns"] = tuple((tuple(family), tuple(ct))
-                                               for family, ct, _, _ in bwd_variants)
+                                               for family, ct, _, _, _ in bwd_variants)
         params["bwd_variants"] = tuple(region_of(bwd_of(v_j, v_c))
-                                       for _, _, v_j, v_c in bwd_variants)
+                                       for _, _, v_j, v_c, _ in bwd_variants)
+    masks = tuple(tuple(z) for z in [b_zeros, *(v[4] for v in bwd_variants)])
+    if any(masks):
+        params[SYMBOLIC_ZERO_OUTPUTS] = masks
     if trace_for is not None:
         main_pattern = tuple(is_inexact(v.aval) for v in args if is_inexact(v.aval))
 
@@ -446,8 +456,8 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, mai
                     return None
                 v_fc, v_j, v_c, n_res = got
                 return _made(fwd_of(v_j, v_fc, v_c), list(v_c) + list(v_fc), extra), n_res
-            v_j, v_c = trace_for(key)
-            return _made(bwd_of(v_j, v_c), list(v_c), extra)
+            v_j, v_c, zeros = trace_for(key)
+            return marked(_made(bwd_of(v_j, v_c), list(v_c), extra), zeros)
         params["pattern_rules"] = PatternRules(make, nc + n_new, main_pattern)
     _replace_equation(region, eqn, jax_consts + new_vals + args, params)
     return params, extra
@@ -607,7 +617,7 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     jvp_fun = p["jvp_jaxpr_fun"]
     t_avals = [a for a in arg_avals if is_inexact(a)]
 
-    def jvp_dense(*xs, pattern=None):
+    def jvp_dense(*xs, pattern=None, store=None):
         consts_, primals = xs[:nc], xs[nc:nc + len(args)]
         it = iter(xs[nc + len(args):])
         # JAX's thunk takes "tangent is zero" flags: the primal's own consts carry none.
@@ -623,28 +633,33 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
         y, t_nz = outs[:n_out], iter(outs[n_out:])
         t = [jax.numpy.zeros(a.shape, a.dtype) if z else next(t_nz)
              for a, z in zip(out_avals, out_zeros)]
+        if store is not None:  # which tangents the user's rule returned as symbolic zeros
+            store["zeros"] = tuple(z for z, a in zip(out_zeros, out_avals) if is_inexact(a))
         t = [jx.instantiate_zero(ti, a) for ti, a in zip(t, out_avals)]
         return [*y, *[ti for ti, a in zip(t, out_avals) if is_inexact(a)]]
 
     in_avals = [a.aval for a in jax_consts] + arg_avals + t_avals
-    j_j, j_c, _ = _trace("jvp", jvp_fun, jvp_dense, in_avals, "custom_jvp jvp")
+    main_store: dict = {}
+    j_j, j_c, _ = _trace("jvp", jvp_fun, functools.partial(jvp_dense, store=main_store),
+                         in_avals, "custom_jvp jvp")
     _check_concrete("jvp", jvp_fun, j_c)
     # A symbolic-zeros rule is traced per perturbation pattern too (docs/closure.md):
     # which arguments JAX perturbs is known only when it differentiates.
     variants = []
     if p.get("symbolic_zeros", False):
         for pattern in _variant_patterns(arg_avals, [is_inexact(a) for a in arg_avals]):
+            store: dict = {}
             try:
                 v_j, v_c, _ = _trace("jvp", jvp_fun,
-                                     functools.partial(jvp_dense, pattern=pattern),
+                                     functools.partial(jvp_dense, pattern=pattern, store=store),
                                      in_avals, "custom_jvp jvp")
             except ClosureConversionError:
                 raise
             except Exception:  # noqa: BLE001 -- a pattern the rule refuses: the main rule
                 continue
             _check_concrete("jvp", jvp_fun, v_c)
-            variants.append((pattern, v_j, list(v_c)))
-    extra = _dedupe(list(j_c) + [c for _, _, v_c in variants for c in v_c])
+            variants.append((pattern, v_j, list(v_c), store["zeros"]))
+    extra = _dedupe(list(j_c) + [c for _, _, v_c, _ in variants for c in v_c])
     new_vals = _new_consts(region, eqn, extra)
     call = _with_inputs(p["call_jaxpr"], nc, [jx.typeof(v) for v in extra])
     # jvp: (j_c, jax_consts, args, t) -> ... ==> (jax_consts, extra, args, t)
@@ -662,10 +677,13 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     variant_params = {}
     if variants:
         variant_params = {
-            "jvp_variant_patterns": tuple(pattern for pattern, _, _ in variants),
+            "jvp_variant_patterns": tuple(pattern for pattern, _, _, _ in variants),
             "jvp_variants": tuple(
                 region_from_closed_jaxpr(jx.ClosedJaxpr(rebased(v_j, v_c), []), None, memo)
-                for _, v_j, v_c in variants)}
+                for _, v_j, v_c, _ in variants)}
+    masks = tuple(tuple(z) for z in [main_store["zeros"], *(v[3] for v in variants)])
+    if any(masks):
+        variant_params[SYMBOLIC_ZERO_OUTPUTS] = masks
     if p.get("symbolic_zeros", False):
         main_pattern = tuple(True for _ in t_avals)
 
@@ -674,15 +692,17 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
             it (None: the rule refuses it, so the main rule runs, as for variants)."""
             if tuple(pattern) == main_pattern:
                 return None
+            store: dict = {}
             try:
-                v_j, v_c, _ = _trace("jvp", jvp_fun, functools.partial(jvp_dense, pattern=pattern),
+                v_j, v_c, _ = _trace("jvp", jvp_fun,
+                                     functools.partial(jvp_dense, pattern=pattern, store=store),
                                      in_avals, "custom_jvp jvp")
             except ClosureConversionError:
                 raise
             except Exception:  # noqa: BLE001 -- a pattern the rule refuses
                 return None
             _check_concrete("jvp", jvp_fun, v_c)
-            return _made(rebased(v_j, v_c), list(v_c), extra)
+            return marked(_made(rebased(v_j, v_c), list(v_c), extra), store["zeros"])
         variant_params["pattern_rules"] = PatternRules(make, nc + len(extra), main_pattern)
     params = {
         "call_jaxpr": call,

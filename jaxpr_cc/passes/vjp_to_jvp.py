@@ -63,9 +63,10 @@ import numpy as np
 
 from .. import jax_adapter as jx
 from ..backends.jaxpr import region_to_closed_jaxpr
-from ..closure.ir_rules import is_first_order_custom
+from ..closure.ir_rules import is_first_order_custom, symbolic_zero_masks
 from ..closure.rules import (LinearRule, PatternRules, RuleInfo, _pe_bind_consts,
-                             bind_linear_rule, is_inexact, run)
+                             bind_linear_rule, body, is_inexact, marked, run,
+                             symbolic_outputs)
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
 from ..ir.equation import Equation
 from ..ir.region import Region
@@ -300,15 +301,18 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
         return lambda ct: None if all(ct) else made.get(("bwd", in_pattern, ct), c_avals)
 
     def jvp_for(fwd_f, n_res, bwd_f, ct_variants, in_pattern=None, as_jaxpr=False):
-        transposed = tangent_map(bwd_f, n_res, late=as_jaxpr)
-        use_primal = transposed is None and n_ct > 0 and bool(bwd_f.out_avals)
+        # bwd_f, and each bwd of ct_variants: a body marked with the cotangents the
+        # user's bwd returned as symbolic zeros (rules.marked), which its transposes keep.
+        transposed = tangent_map(body(bwd_f), n_res, late=as_jaxpr)
+        use_primal = transposed is None and n_ct > 0 and bool(body(bwd_f).out_avals)
         return _jvp_rule(_info(p), call, fwd_f, bwd_f, transposed, nc, n_res,
                          consts_linear=consts_linear, use_primal=use_primal,
                          ct_variants=ct_variants, memo=memo, ct_rules=ct_rules(in_pattern),
                          as_jaxpr=as_jaxpr, columns=columns)
 
     main = families.pop(())
-    jvp = jvp_for(fwd, nr, bwd, main["ct_variants"], made.main if made is not None else None)
+    jvp = jvp_for(fwd, nr, marked(bwd, main["zeros"]), main["ct_variants"],
+                  made.main if made is not None else None)
     params = dict(call_jaxpr=p["call_jaxpr"], jvp_jaxpr=jvp,
                   num_consts=0 if consts_linear else nc,
                   symbolic_zeros=p["symbolic_zeros"])
@@ -316,8 +320,8 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
         # A symbolic-zeros custom_vjp traced per perturbation pattern: the jvp rule
         # picked for a pattern runs the fwd traced for it, and its tangent's transpose
         # the bwd traced for it and for the cotangents given (docs/closure.md).
-        variants = [(pattern, jvp_for(f["fwd"], f["num_res"], f["bwd"], f["ct_variants"],
-                                      pattern))
+        variants = [(pattern, jvp_for(f["fwd"], f["num_res"], marked(f["bwd"], f["zeros"]),
+                                      f["ct_variants"], pattern))
                     for pattern, f in families.items()]
         if consts_linear:
             variants = _with_const_patterns(variants, c_avals)
@@ -336,7 +340,7 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
                 return None
             fwd_f, n_res = got
             bwd_f = made.get(("bwd", x_pattern, full_ct), c_avals)
-            if fwd_f.consts or bwd_f.consts:
+            if fwd_f.consts or body(bwd_f).consts:
                 # Its bwd is transposed, which needs every value it reads as an input.
                 raise NotTransposableError(
                     f"{_describe(p)} reads a value, for the pattern of perturbed inputs "
@@ -353,24 +357,27 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
 
 def _families(p: dict, nr: int, n_ct: int, exported: dict) -> dict:
     """A symbolic-zeros vjp rule's fwd/bwd per perturbation pattern: ``{in_pattern:
-    {fwd, num_res, bwd, ct_variants}}``, ``()`` for ``fwd_jaxpr``/``bwd_jaxpr``;
+    {fwd, num_res, bwd, ct_variants, zeros}}``, ``()`` for ``fwd_jaxpr``/``bwd_jaxpr``;
     ``bwd`` takes every output cotangent, ``ct_variants`` ((ct_pattern, bwd), ...)
     the patterns with some symbolic-zero cotangents."""
-    families = {(): dict(fwd=None, num_res=nr, bwd=None, ct_variants=[])}
+    regions = p.get("bwd_variants", ())
+    masks = symbolic_zero_masks(p, 1 + len(regions))
+    families = {(): dict(fwd=None, num_res=nr, bwd=None, ct_variants=[], zeros=masks[0])}
     for (pattern, n_res), region in zip(p.get("fwd_variant_patterns", ()),
                                         p.get("fwd_variants", ())):
         families[tuple(pattern)] = dict(fwd=region_to_closed_jaxpr(region, exported), num_res=n_res,
-                                        bwd=None, ct_variants=[])
+                                        bwd=None, ct_variants=[], zeros=())
     full = (True,) * n_ct
-    for (family, ct), region in zip(p.get("bwd_variant_patterns", ()),
-                                    p.get("bwd_variants", ())):
+    for (family, ct), region, zeros in zip(p.get("bwd_variant_patterns", ()), regions,
+                                           masks[1:]):
         entry = families.get(tuple(family))
         if entry is None:
             continue
         if tuple(ct) == full:
-            entry["bwd"] = region_to_closed_jaxpr(region, exported)
+            entry["bwd"], entry["zeros"] = region_to_closed_jaxpr(region, exported), zeros
         else:
-            entry["ct_variants"].append((tuple(ct), region_to_closed_jaxpr(region, exported)))
+            entry["ct_variants"].append(
+                (tuple(ct), marked(region_to_closed_jaxpr(region, exported), zeros)))
     # A fwd variant whose bwd (all cotangents) is missing cannot be paired: as the
     # rebuilt custom_vjp does, such a pattern uses the main rule.
     return {k: v for k, v in families.items() if k == () or v["bwd"] is not None}
@@ -468,7 +475,12 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
     ``as_jaxpr``: the rule as a ClosedJaxpr (a body made when JAX asks for it).
     ``columns``: the forward-mode columns of ``call`` staged so far, shared by every
     body made for one rule (``_forward_const_cotangents``' ``traced``).
+    ``bwd`` and the bwds of ``ct_variants`` and ``ct_rules`` may be marked with the
+    cotangents the user's bwd returned as symbolic zeros (``rules.marked``): the
+    transposes built from them are marked the same, so reverse mode gives JAX a
+    symbolic zero there, as the user's bwd did.
     """
+    bwd_marked, bwd = bwd, body(bwd)
     import jax
 
     from ..closure.rules import FORWARD_ONLY_LEVELS, _forward_const_cotangents
@@ -513,6 +525,16 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
             parts.append(primal_jvp(c, x, hot_c, tc, True))
         return [sum(ts[1:], ts[0]) for ts in zip(*parts)]
 
+    def transpose_of(rule_bwd, ct_pattern, allow_consts: bool = False):
+        """The linear_call's transpose for ``rule_bwd`` (marked like it)."""
+        zeros = symbolic_outputs(rule_bwd)
+        if not keep_x:
+            return rule_bwd  # exactly (c, r; ct_y)
+        closed = _closed(transpose_by(body(rule_bwd), ct_pattern), [*res_avals, *ct_avals],
+                         f"{info.name}_cotangent", allow_consts=allow_consts)
+        # The closed-over values' cotangents come first: never symbolic.
+        return marked(closed, (False,) * len(hot_c) + zeros if zeros else ())
+
     def transpose_by(rule_bwd, ct_pattern):
         def transpose(*ops):
             c, x, r = split_res(ops[:n_res])
@@ -534,22 +556,15 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
         full = (True,) * len(ct_avals)
         if keep_x:
             callee_c = _closed(callee, [*res_avals, *tc_avals, *tx_avals], f"{info.name}_tangent")
-            transpose_c = _closed(transpose_by(bwd, full), [*res_avals, *ct_avals],
-                                  f"{info.name}_cotangent")
-            t_variants = tuple((ct, _closed(transpose_by(b, ct), [*res_avals, *ct_avals],
-                                            f"{info.name}_cotangent"))
-                               for ct, b in ct_variants)
         else:
-            callee_c, transpose_c = transposed, bwd  # exactly (c, r; t_x) and (c, r; ct_y)
-            t_variants = tuple((ct, b) for ct, b in ct_variants)
+            callee_c = transposed  # exactly (c, r; t_x)
+        transpose_c = transpose_of(bwd_marked, full)
+        t_variants = tuple((ct, transpose_of(b, ct)) for ct, b in ct_variants)
         t_rules = None
         if ct_rules is not None:
             def make_transpose(ct):
                 b = ct_rules(ct)
-                if b is None or not keep_x:
-                    return b
-                return _closed(transpose_by(b, ct), [*res_avals, *ct_avals],
-                               f"{info.name}_cotangent", allow_consts=True)
+                return b if b is None else transpose_of(b, ct, allow_consts=True)
             t_rules = PatternRules(make_transpose, n_res)
         rule = LinearRule(info=info, callee=callee_c, transpose=transpose_c, num_res=n_res,
                           transpose_variants=t_variants, pattern_rules=t_rules)
