@@ -467,6 +467,9 @@ _NOT_SIZES = {
                [1.0, 0.5], "argmax"),
     "int-cast": (lambda x, xp: jnp.any(x.astype(jnp.int32) != xp.astype(jnp.int32)),
                  lambda x, a: 0.5 * x + a, [3.0, 0.5], "not its change"),
+    # |d| - 1 > -0.5 runs while |d| > 0.5 only: a shifted size is no bound on it.
+    "add-neg": (lambda x, xp: jnp.max(jnp.abs(x - xp)) + -1.0 > -0.5,
+                lambda x, a: 1.5 * x + a, 0.1, "add"),
 }
 
 
@@ -500,6 +503,23 @@ def test_positive_scaling_and_squared_norm_are_still_sizes():
         _, new, stats = rewrite_with_stats(fun, a)
         assert stats["loops-rewritten"] == 1
         np.testing.assert_allclose(np.asarray(jax.grad(new)(a)), [2.0, 2.0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("size", ["inf_norm", "max_with_floor", "plus_offset"])
+def test_a_size_with_a_floor_or_offset_is_still_a_size(size):
+    # jnp.linalg.norm(d, ord=inf) is max(0, max|d|): any bound on it bounds |d|.
+    cond = {"inf_norm": lambda x, xp: jnp.linalg.norm(x - xp, ord=jnp.inf) > 1e-6,
+            "max_with_floor": lambda x, xp: jnp.maximum(jnp.max(jnp.abs(x - xp)), -3.0) > 1e-6,
+            "plus_offset": lambda x, xp: jnp.sum(jnp.abs(x - xp)) + 1e-7 > 2e-6}[size]
+    a = jnp.array([0.3, -0.7], jnp.float32)
+
+    def fun(a):
+        return _loop_with_test(cond, lambda x, a: 0.5 * x + a, a)
+
+    _, new, stats = rewrite_with_stats(fun, a)
+    assert stats["loops-rewritten"] == 1
+    # x = 0.5 x + a converges to 2 a: d sum(x) / da = [2, 2].
+    np.testing.assert_allclose(np.asarray(jax.grad(new)(a)), [2.0, 2.0], rtol=1e-5)
 
 
 def gap_returned(a):

@@ -437,3 +437,23 @@ def test_a_loop_to_convergence_placing_a_constant_beside_the_cotangent_is_refuse
     with pytest.raises(ForwardModeRefusedError, match="places a constant beside"):
         jax.jacfwd(jaxpr_cc.jit(f))(_X3)
     np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(_X3), jax.jacrev(f)(_X3))
+
+
+@pytest.mark.parametrize("ord", [jnp.inf, 1, 2])
+def test_an_infinity_norm_convergence_test_is_transposed(ord):
+    # jnp.linalg.norm(d, ord=inf) is max(0, max|d|): still a size of the change.
+    def bwd(c, g):
+        def body(t):
+            _, u = t
+            return u, c * g + A.T @ u
+        start = (jnp.full_like(g, jnp.inf), c * g)
+        u = lax.while_loop(lambda t: jnp.linalg.norm(t[1] - t[0], ord=ord) > 1e-13, body,
+                           start)[1]
+        return (u,)
+
+    f = _sin_with_bwd(bwd)
+    want = jax.jacrev(f)(X)  # JAX runs the user's bwd
+    np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(f))(X), want, rtol=1e-9)
+    # Closed form: u = (I - A^T)^-1 diag(cos x) g; the Jacobian is its transpose.
+    direct = (np.linalg.inv(np.eye(2) - np.asarray(A).T) @ np.diag(np.cos(np.asarray(X)))).T
+    np.testing.assert_allclose(want, direct, rtol=1e-9)

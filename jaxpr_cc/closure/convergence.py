@@ -343,6 +343,12 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
             # overflow to inf, and |d| / inf = 0 makes the test constant.
             if name == "mul" and free(others) and others[0].sign == "pos":
                 return [one]
+            # max(|d|, c) >= |d| for any loop invariant c, and |d| + c >= |d| for
+            # c >= 0: a bound on either bounds the change (jnp.linalg.norm with
+            # ord=inf is max(0, max|d|)).
+            if len(tags) == 2 and free(others) and others[0].kind == "fixed" and (
+                    name == "max" or (name == "add" and others[0].sign in ("pos", "nonneg"))):
+                return [one]
             if name == "div" and tags[0] is one and _finite_literal(atoms[1], nonzero=True) \
                     and others[0].sign == "pos":
                 return [one]
