@@ -1050,7 +1050,14 @@ class PerturbationOracle:
                     frame = t._trace.frame
                     if any(t.val is v for v in frame.invars):
                         return True
-                    continue  # a constant of its frame
+                    # A constant of its frame: a concrete value, or a tracer of an
+                    # enclosing trace the frame closes over (a cond branch or loop
+                    # body reading an outer value), which is perturbed as that is.
+                    outer = (frame.constvar_to_val.get(t.val)
+                             if isinstance(t.val, _core.Var) else None)
+                    if isinstance(outer, _core.Tracer):
+                        stack.append(outer)
+                    continue
                 if _zero_derivative(eqn.primitive):
                     continue
                 stack.extend(eqn.in_tracers)
