@@ -237,3 +237,48 @@ def test_completed_patterns_staged_then_differentiated_a_b_a(how, tmp_path):
     args = (jnp.float32(1.5), jnp.float32(2.0), jnp.float32(1.0))
     g = (_saved if how == "saveload" else _emitted)(_first_two, args, tmp_path)
     _close(_staged_a_b_a(g, args), _staged_a_b_a(_first_two, args))
+
+
+def _product_vjp(n):
+    @jax.custom_vjp
+    def f(*a):
+        out = a[0]
+        for v in a[1:]:
+            out = out * v
+        return out
+
+    def bwd(a, g):
+        return tuple(None if i == 1 else g * a[0] for i in range(n))
+    f.defvjp(lambda *a: (f(*a), a), bwd)
+    return f
+
+
+def _product_jvp(n):
+    @jax.custom_jvp
+    def f(*a):
+        out = a[0]
+        for v in a[1:]:
+            out = out * v
+        return out
+
+    @f.defjvp
+    def _(p, t):
+        return f(*p), sum(ti * p[0] for ti in t)
+    return f
+
+
+@pytest.mark.parametrize("make, n", [(_product_vjp, 4), (_product_jvp, 5)])
+@pytest.mark.parametrize("how", ["saved", "emitted"])
+def test_patterns_of_a_vmapped_rule_with_many_inputs_are_first_order(make, n, how, tmp_path):
+    # A rule JAX staged under vmap, with more inputs than patterns traced up front:
+    # the bodies traced at save time call the function itself in JAX's staged form,
+    # which must be made first-order too ("holds a Python callable" before).
+    g = make(n)
+
+    def f(x):
+        return jnp.sum(jax.vmap(g)(*[x * (i + 1) for i in range(n)]))
+
+    x = jnp.arange(3.0) + 0.5
+    got = (_saved if how == "saved" else _emitted)(f, (x,), tmp_path)
+    np.testing.assert_allclose(got(x), f(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(got)(x), jax.grad(f)(x), rtol=1e-6)

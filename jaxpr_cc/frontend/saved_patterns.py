@@ -27,7 +27,8 @@ from __future__ import annotations
 import warnings
 from itertools import product
 
-from ..closure.ir_rules import SYMBOLIC_ZERO_OUTPUTS, symbolic_zero_masks
+from ..closure.ir_rules import (FIRST_ORDER_KEYS, SYMBOLIC_ZERO_OUTPUTS, is_first_order_custom,
+                                symbolic_zero_masks)
 from ..closure.rules import body, is_inexact, symbolic_outputs
 from ..ir.layouts import closed_over_count
 
@@ -74,7 +75,19 @@ def complete_patterns(program):
             if done is not None:
                 eqn.params = {**{k: v for k, v in eqn.params.items() if k != "pattern_rules"},
                               **{k: v for k, v in done.items() if k in _VARIANT_PARAMS}}
+    # A body traced now from a rule JAX staged (a custom function called under vmap)
+    # holds the custom functions it calls in JAX's form, as JAX staged them: make
+    # them first-order too, as closure conversion did the program's.
+    if _has_jax_form_rules(program.body):
+        from .staged_rules import convert_program
+        convert_program(program, **_session_options(program.body))
     return program
+
+
+def _has_jax_form_rules(region) -> bool:
+    return any(eqn.prim.name in FIRST_ORDER_KEYS
+               and not is_first_order_custom(eqn.prim.name, eqn.params)
+               for _, eqn in region.walk())
 
 
 _BODY_PARAMS = ("fwd_jaxpr", "bwd_jaxpr", "jvp_jaxpr", "transpose_jaxpr")
