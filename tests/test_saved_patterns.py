@@ -282,3 +282,49 @@ def test_patterns_of_a_vmapped_rule_with_many_inputs_are_first_order(make, n, ho
     got = (_saved if how == "saved" else _emitted)(f, (x,), tmp_path)
     np.testing.assert_allclose(got(x), f(x), rtol=1e-6)
     np.testing.assert_allclose(jax.grad(got)(x), jax.grad(f)(x), rtol=1e-6)
+
+
+@jax.custom_vjp
+def _four(x, y):
+    return x * y, x + y, x - y, x * 2
+
+
+def _four_bwd(r, g):
+    x, y = r
+    cx, cy = jnp.zeros_like(x), None
+    for gi, dx, dy in zip(g, (y, 1.0, 1.0, 2.0), (x, 1.0, -1.0, None)):
+        if type(gi) is SymbolicZero:
+            continue
+        cx = cx + gi * dx
+        if dy is not None:
+            cy = (0 if cy is None else cy) + gi * dy
+    return cx, cy  # None for y when only output 3 has a cotangent
+
+
+_four.defvjp(lambda x, y: (_four(x.value, y.value), (x.value, y.value)), _four_bwd,
+             symbolic_zeros=True)
+
+
+@jax.custom_vjp
+def _tag(y):
+    return jnp.sqrt(y)
+
+
+_tag.defvjp(lambda y: (_tag(y.value), y.value),
+            lambda y, g: (jnp.full_like(y, -7.0),) if type(g) is SymbolicZero else (g * 1000.0,),
+            symbolic_zeros=True)
+
+
+@pytest.mark.parametrize("how", ["saved", "emitted"])
+def test_two_calls_reading_different_outputs_keep_both_patterns(how, tmp_path):
+    # Beyond the up-front budget (4 outputs), the saved patterns of a rule are the
+    # union of what its calls read: the second call reads output 3 only, where the
+    # bwd returns None for y and the rule upstream sees a symbolic zero (-7).
+    def f(x, y):
+        return jnp.sum(_four(x, _tag(y))[0]) + jnp.sum(_four(x, _tag(y))[3])
+
+    x, y = jnp.arange(3.0) + 0.5, jnp.full(3, 2.0)
+    got = (_saved if how == "saved" else _emitted)(f, (x, y), tmp_path)
+    want = jax.grad(f, argnums=(0, 1))(x, y)
+    for g, w in zip(jax.grad(got, argnums=(0, 1))(x, y), want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)

@@ -59,12 +59,21 @@ def complete_patterns(program):
     # ``fixed_point``'s fwd does) must hold that call first-order, as the bodies
     # traced with the program do: a session is active while they are traced.
     completed: dict = {}
+    todo = list(_first_order_equations(program.body))
+    # Every equation of one rule lists the same patterns (below), so each lists the
+    # cotangent patterns of the outputs any of them has read.
+    live: dict = {}
+    for region, eqn in todo:
+        if eqn.prim.name in ("custom_vjp_call", "linear_call"):
+            live.setdefault(_same_rule_key(eqn.params), set()).update(
+                j for j, v in enumerate(eqn.outputs)
+                if region.has_users(v) or any(v is o for o in region.outvars))
     with session(**_session_options(program.body)):
-        for region, eqn in list(_first_order_equations(program.body)):
+        for region, eqn in todo:
             if "pattern_rules" not in eqn.params:
                 continue  # met again through a shared region: completed already
             before = dict(eqn.params)
-            _complete(region, eqn, memo)
+            _complete(eqn, memo, live.get(_same_rule_key(before), set()))
             completed.setdefault(_same_rule_key(before), eqn.params)
     # A rule that calls itself holds the call in its own bodies: the same rule (the
     # same body regions), which must list the same patterns, or the call would be
@@ -142,15 +151,16 @@ def _has_pattern_rules(region) -> bool:
     return any("pattern_rules" in eqn.params for _, eqn in region.walk())
 
 
-def _complete(region, eqn, memo) -> None:
+def _complete(eqn, memo, live: set) -> None:
+    """``live``: the outputs that equations of this rule have readers of."""
     p = eqn.params
     name = eqn.prim.name
     if name == "custom_jvp_call":
         new = _jvp_params(eqn, p, memo)
     elif name == "custom_vjp_call":
-        new = _vjp_params(region, eqn, p, memo)
+        new = _vjp_params(eqn, p, memo, live)
     elif name == "linear_call":
-        new = _linear_params(region, eqn, p, memo)
+        new = _linear_params(eqn, p, memo, live)
     else:
         return
     params = {k: v for k, v in p.items() if k != "pattern_rules"}
@@ -212,12 +222,10 @@ def _input_universe(rules, n_inexact: int) -> list[int]:
     return list(range(lead)) + [lead + i for i, q in enumerate(main) if q]
 
 
-def _live_outputs(region, eqn, positions: list[int]) -> list[int]:
-    """Which of ``positions`` (output indices) anything reads: only those can get a
-    nonzero cotangent.  ``region`` holds ``eqn``."""
-    outvars = {id(v) for v in region.outvars}
-    return [k for k, j in enumerate(positions)
-            if region.has_users(eqn.outputs[j]) or id(eqn.outputs[j]) in outvars]
+def _live_outputs(live: set, positions: list[int]) -> list[int]:
+    """Which of ``positions`` (output indices) are in ``live`` (read by some equation
+    of the rule): only those can get a nonzero cotangent."""
+    return [k for k, j in enumerate(positions) if j in live]
 
 
 def _jvp_params(eqn, p, memo) -> dict:
@@ -249,7 +257,7 @@ def _masks_param(masks: list) -> dict:
     return {SYMBOLIC_ZERO_OUTPUTS: masks} if any(masks) else {}
 
 
-def _vjp_params(region, eqn, p, memo) -> dict:
+def _vjp_params(eqn, p, memo, live: set) -> dict:
     rules, nc = p["pattern_rules"], closed_over_count(eqn)
     const_avals = [a.aval for a in eqn.inputs[:nc]]
     n = len(_arg_inexact(eqn, nc))
@@ -264,7 +272,7 @@ def _vjp_params(region, eqn, p, memo) -> dict:
     main_mask, *old_masks = symbolic_zero_masks(p, 1 + len(bwd_have))
     mask_of = dict(zip(bwd_have, old_masks))
     in_patterns = [q for q in _subsets(_input_universe(rules, n), n) if q != main]
-    ct_patterns = list(_subsets(_live_outputs(region, eqn, out_inexact), m, nonempty=False))
+    ct_patterns = list(_subsets(_live_outputs(live, out_inexact), m, nonempty=False))
     count = sum(1 for q in in_patterns if q not in fwd_have)
     count += sum(1 for f in [(), *in_patterns] for c in ct_patterns
                  if (f, c) not in bwd_have and not (f == () and c == full))
@@ -301,13 +309,13 @@ def _vjp_params(region, eqn, p, memo) -> dict:
             **_masks_param([main_mask, *(mask_of[k] for k in bwd_new)])}
 
 
-def _linear_params(region, eqn, p, memo) -> dict:
+def _linear_params(eqn, p, memo, live: set) -> dict:
     rules, nr = p["pattern_rules"], p["num_res"]
     const_avals = [a.aval for a in eqn.inputs[:nr]]
     m = len(eqn.outputs)
     full = (True,) * m
     have = [tuple(c) for c in p.get("transpose_variant_patterns", ())]
-    wanted = [c for c in _subsets(_live_outputs(region, eqn, list(range(m))), m, nonempty=False)
+    wanted = [c for c in _subsets(_live_outputs(live, list(range(m))), m, nonempty=False)
               if c != full and c not in set(have)]
     if not _within_limit(eqn, p, len(wanted), "patterns of output cotangents"):
         return {}
