@@ -173,3 +173,32 @@ def test_the_marks_are_printed_and_saved(tmp_path):
     jaxpr_cc.save(program, path)
     # (A saved program lists more perturbation patterns of `split`: its text differs.)
     assert "symbolic_zero_outputs=((False, True),)" in str(jaxpr_cc.load(path))
+
+
+@jax.custom_vjp
+def no_derivative(x):
+    return 1.0 * x
+
+
+no_derivative.defvjp(lambda x: (no_derivative(x), None), lambda r, g: (None,))
+
+
+def forward_into_symbolic_rule(x):
+    return jnp.sum(doubled(no_derivative(x)) + x)
+
+
+def test_forward_mode_through_a_bwd_that_declares_no_derivative(tmp_path):
+    # JAX has no forward mode through a custom_vjp: the reference is its reverse
+    # mode, and JAX's forward mode with stop_gradient in the rule's place.  The bwd
+    # returns None for its only argument: the tangent is a symbolic zero, which
+    # `doubled` (NaN for a dense zero tangent) must see as such.
+    want = jax.jacrev(forward_into_symbolic_rule)(X)
+    np.testing.assert_allclose(
+        want, jax.jacfwd(lambda x: jnp.sum(doubled(jax.lax.stop_gradient(x)) + x))(X))
+    program = jaxpr_cc.trace(forward_into_symbolic_rule, X)
+    rewritten = jaxpr_cc.run_passes(program, "vjp-to-jvp")
+    path = tmp_path / "program.jcc"
+    jaxpr_cc.save(rewritten, path)
+    for candidate in (program, jaxpr_cc.jit(forward_into_symbolic_rule), rewritten,
+                      jaxpr_cc.load(path), emitted_function(rewritten, tmp_path)):
+        _assert_same(jax.jacfwd(candidate)(X), want)

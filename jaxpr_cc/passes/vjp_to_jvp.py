@@ -63,7 +63,7 @@ import numpy as np
 
 from .. import jax_adapter as jx
 from ..backends.jaxpr import region_to_closed_jaxpr
-from ..closure.ir_rules import is_first_order_custom, symbolic_zero_masks
+from ..closure.ir_rules import SYMBOLIC_ZERO_OUTPUTS, is_first_order_custom, symbolic_zero_masks
 from ..closure.rules import (LinearRule, PatternRules, RuleInfo, _pe_bind_consts,
                              bind_linear_rule, body, is_inexact, marked, run,
                              symbolic_outputs)
@@ -305,10 +305,21 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
         # user's bwd returned as symbolic zeros (rules.marked), which its transposes keep.
         transposed = tangent_map(body(bwd_f), n_res, late=as_jaxpr)
         use_primal = transposed is None and n_ct > 0 and bool(body(bwd_f).out_avals)
-        return _jvp_rule(_info(p), call, fwd_f, bwd_f, transposed, nc, n_res,
+        rule = _jvp_rule(_info(p), call, fwd_f, bwd_f, transposed, nc, n_res,
                          consts_linear=consts_linear, use_primal=use_primal,
                          ct_variants=ct_variants, memo=memo, ct_rules=ct_rules(in_pattern),
                          as_jaxpr=as_jaxpr, columns=columns)
+        # A bwd that returns a symbolic zero for every argument (as it was traced for
+        # this pattern: for each perturbed one too) declares no derivative at all:
+        # the tangents are symbolic zeros, as the cotangents JAX gives back are.
+        zeros = symbolic_outputs(bwd_f)
+        silent = (True,) * n_ct if zeros and all(zeros) and not consts_linear else ()
+        if as_jaxpr:
+            return marked(rule, silent)
+        tangent_zeros[id(rule)] = silent
+        return rule
+
+    tangent_zeros: dict = {}
 
     main = families.pop(())
     jvp = jvp_for(fwd, nr, marked(bwd, main["zeros"]), main["ct_variants"],
@@ -328,6 +339,10 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
         if variants:
             params["jvp_variant_patterns"] = tuple(pattern for pattern, _ in variants)
             params["jvp_variants"] = tuple(region for _, region in variants)
+    masks = tuple(tangent_zeros.get(id(r), ())
+                  for r in (params["jvp_jaxpr"], *params.get("jvp_variants", ())))
+    if any(masks):
+        params[SYMBOLIC_ZERO_OUTPUTS] = masks
     if made is not None:
         n_c = sum(1 for a in c_avals if is_inexact(a)) if consts_linear else 0
 
