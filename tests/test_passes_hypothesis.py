@@ -12,6 +12,7 @@ Python function.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -161,10 +162,22 @@ X = jnp.array([0.3, -1.2, 0.7], jnp.float32)
 Y = jnp.array([1.1, 0.4, -0.6], jnp.float32)
 
 
-@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+@settings(max_examples=8, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(recipes())
 def test_every_pass_preserves_random_programs(recipe):
+    _check(recipe)
+
+
+@pytest.mark.heavy
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(recipes())
+def test_every_pass_preserves_many_random_programs(recipe):
+    _check(recipe)
+
+
+def _check(recipe):
     fun = build(recipe)
     program = jaxpr_cc.trace(fun, X, Y)
     optimized = [PassManager(p).run(program) for p in PIPELINES]  # verified after each pass
