@@ -196,3 +196,30 @@ def test_reverse_mode_runs_a_bwd_that_is_linear_only_for_some_patterns():
         np.testing.assert_allclose(jax.grad(fn)(*args), want, rtol=1e-6)
         with pytest.raises(ForwardModeRefusedError, match="_marked_sum_bwd|marked_sum"):
             jax.jvp(lambda a: fn(a, *args[1:]), (args[0],), (jnp.float32(1.0),))
+
+
+def test_filter_custom_vjp_cotangent_for_a_python_float_is_dropped_as_in_jax():
+    # equinox passes the Python float in vjp_arg as None (an argument subtree with no
+    # leaves); a bwd that returns a cotangent for it has it dropped, as JAX does.
+    import equinox as eqx
+
+    @eqx.filter_custom_vjp
+    def scaled(vjp_arg, x):
+        a, b = vjp_arg
+        return a * b * x
+
+    @scaled.def_fwd
+    def _(perturbed, vjp_arg, x):
+        return scaled(vjp_arg, x), None
+
+    @scaled.def_bwd
+    def _(res, g, perturbed, vjp_arg, x):
+        a, b = vjp_arg
+        return g * b * x, jnp.sum(g * a * x)
+
+    def f(x):
+        return jnp.sum(scaled((x, 1.0), 2.0))
+
+    x = jnp.arange(3.0) + 0.5
+    np.testing.assert_allclose(jax.grad(jaxpr_cc.trace(f, x))(x), jax.grad(f)(x))
+    np.testing.assert_allclose(jax.grad(jaxpr_cc.jit(f))(x), jax.grad(f)(x))

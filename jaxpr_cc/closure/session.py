@@ -1000,24 +1000,27 @@ def _flatten_cotangents(got, in_tree, avals, cvjp, perturbed):
     flat: list = [None] * n_args
 
     def place(ct, idx_tree):
-        idxs, structure = tree_util.tree_flatten(idx_tree)
-        if ct is None:
+        # As JAX reads a bwd's result: the cotangents' own structure is the prefix
+        # (None stands for zeros, at a leaf or for a whole subtree), and a cotangent
+        # given for an argument subtree with no leaves is dropped (equinox's
+        # filter_custom_vjp has None there for a Python float argument).
+        idxs = tree_util.tree_leaves(idx_tree)
+        if ct is None or not idxs:
             return
-        try:  # None stands for zeros, at a leaf or for a whole subtree
-            leaves = structure.flatten_up_to(ct)
-        except (ValueError, TypeError):
-            raise ClosureConversionError(
-                f"custom_vjp bwd '{naming.name_of(cvjp.bwd)}' ({naming.source_of(cvjp.bwd)}) "
-                f"returned cotangents whose structure does not match the arguments") from None
-        for i, leaf in zip(idxs, leaves):
-            flat[i] = leaf
+        for i in idxs:
+            flat[i] = ct
 
     if len(got) != len(dummy):
         raise ClosureConversionError(
             f"custom_vjp bwd '{naming.name_of(cvjp.bwd)}' ({naming.source_of(cvjp.bwd)}) returned "
             f"{len(got)} cotangents for {len(dummy)} differentiable arguments")
-    for ct, d in zip(got, dummy):
-        place(ct, d)
+    try:
+        for ct, d in zip(got, dummy):
+            tree_util.tree_map(place, ct, d, is_leaf=lambda x: x is None)
+    except (ValueError, TypeError):
+        raise ClosureConversionError(
+            f"custom_vjp bwd '{naming.name_of(cvjp.bwd)}' ({naming.source_of(cvjp.bwd)}) "
+            f"returned cotangents whose structure does not match the arguments") from None
     out, zeros = [], []
     for ct, a, p in zip(flat, avals, perturbed):
         if not is_inexact(a):
