@@ -299,6 +299,15 @@ def dots_saveable_type() -> type:
     return ad_checkpoint.DotsSaveable
 
 
+def named_policy_types() -> dict[type, tuple[str, str]]:
+    """Remat policies made from checkpoint names: class -> (the
+    ``jax.checkpoint_policies`` factory that makes one from names, the field that
+    holds them)."""
+    from jax._src import ad_checkpoint
+    return {ad_checkpoint.SaveOnlyTheseNames: ("save_only_these_names", "saveable_names"),
+            ad_checkpoint.SaveAnyNamesButThese: ("save_any_names_but_these", "names")}
+
+
 # --- effects and jit parameters (used by jaxpr_cc/passes) ---------------------
 # JAX's own DCE treats some effects as removable (reads, named-axis collectives,
 # internal mutable arrays); the passes classify effects the same way so that our

@@ -174,6 +174,18 @@ def jits(x):
     return _scaled(x, 3) + jax.jit(jnp.sin, inline=True)(x)
 
 
+def checkpoint_names(x):
+    from jax.ad_checkpoint import checkpoint_name
+
+    def block(t):
+        return jnp.sin(checkpoint_name(jnp.cos(t) * t, "kept")) * checkpoint_name(t * t, "dropped")
+    a = jax.checkpoint(block, policy=jax.checkpoint_policies.save_only_these_names("kept"))(x)
+    b = jax.checkpoint(block, policy=jax.checkpoint_policies.save_any_names_but_these("dropped"))(x)
+    # Differentiated inside the program: JAX stages the checkpoint's recomputation.
+    c = jax.grad(lambda t: jnp.sum(jax.checkpoint(block)(t) * x))(x)
+    return a + b + c
+
+
 PROGRAMS = {
     "elementwise": (elementwise, (F,)),
     "special": (special, (F,)),
@@ -191,6 +203,7 @@ PROGRAMS = {
     "linear_solve_explicit": (linear_solve_explicit, (np.array([1.0, 2.0, 3.0], np.float32),)),
     "dots": (dots, (F, M)),
     "jits": (jits, (F,)),
+    "checkpoint_names": (checkpoint_names, (F,)),
 }
 
 

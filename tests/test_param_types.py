@@ -62,7 +62,7 @@ NOT_EXERCISED = {
         "from_edtype", "to_edtype", "iota_2x32_shape", "jaxpr_call", "mpmd_map",
         "pack_dtype", "unpack_dtype", "pack_elementwise", "unpack_elementwise", "remat_opt",
         "shape_assertion", "stage", "tie", "trace_value", "unreachable", "zeros_like",
-        "custom_vmap_call", "custom_partitioning", "call_exported", "check", "name",
+        "custom_vmap_call", "custom_partitioning", "call_exported", "check",
         "xla_metadata_value", "compute_on", "composite", "eq_to", "le_to", "lt_to",
         "reduced_vary_cast_p", "vary_unreduced_cast_p", "pbroadcast", "preduced",
         "unreduced_psum", "unreduced_reduce_scatter", "all_gather_invariant",

@@ -528,8 +528,15 @@ class CustomRulesMixin:
 
     def checkpoint_policy(self, policy):
         import jax
+
+        from ..jax_adapter import named_policy_types
         if policy is None:
             return None
+        made_from_names = named_policy_types().get(type(policy))
+        if made_from_names is not None:
+            factory, field = made_from_names
+            names = ", ".join(repr(n) for n in sorted(getattr(policy, field)))
+            return f"jax.checkpoint_policies.{factory}({names})"
         for name in sorted(vars(jax.checkpoint_policies)):
             candidate = getattr(jax.checkpoint_policies, name)
             try:

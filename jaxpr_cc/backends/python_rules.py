@@ -403,6 +403,14 @@ def _psum_invariant(ctx, eqn):
     return Call("lax.psum", [ctx.ins[0], ctx.param(tuple(eqn.params["axes"]))])
 
 
+@rule("name")
+def _checkpoint_name(ctx, eqn):
+    # jax.ad_checkpoint.checkpoint_name: a remat policy made from names reads it.
+    if set(eqn.params) != {"name"} or len(eqn.inputs) != 1:
+        return None
+    return Call("jax.ad_checkpoint.checkpoint_name", [ctx.ins[0], repr(eqn.params["name"])])
+
+
 # ----------------------------------------------------------- control flow
 def _cond_folds(eqn) -> list:
     """lax.cond stages ``convert_element_type(pred, int32)`` itself; lax.switch stages
@@ -561,7 +569,11 @@ def _unspecified(s) -> bool:
 @rule("remat2", "checkpoint")
 def _remat(ctx, eqn):
     p = eqn.params
-    if set(p) - {"jaxpr", "prevent_cse", "differentiated", "policy"} or p.get("differentiated"):
+    # ``differentiated`` (the recomputation JAX stages when it differentiates a
+    # checkpoint inside the traced function) has no public spelling: it only tells
+    # JAX's lowering the block is already differentiated; values and derivatives
+    # of the block are those of jax.checkpoint of the same function.
+    if set(p) - {"jaxpr", "prevent_cse", "differentiated", "policy"}:
         return None
     policy = ctx.checkpoint_policy(p.get("policy"))
     if policy is False:

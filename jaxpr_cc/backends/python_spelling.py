@@ -401,12 +401,14 @@ def _register_spellings() -> None:
     # (a region as a nested def, a debug callback's effect as jax.debug.callback...).
     from ..ir.region import Region
     from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, Jaxpr, ShapedArray,
-                               UnspecifiedValue, dots_saveable_type, linear_solve_tuple_type)
+                               UnspecifiedValue, dots_saveable_type, linear_solve_tuple_type,
+                               named_policy_types)
     by_rule = "written by its primitive's emission rule, not as a value"
     spell((Jaxpr, ClosedJaxpr), spell=_spell_held_jaxpr)
     for t in (Region, linear_solve_tuple_type(), dots_saveable_type(), Effect,
               ShapedArray, AbstractToken, jax.sharding.SingleDeviceSharding, jax.Device,
-              UnspecifiedValue, type(PartitionSpec.UNCONSTRAINED), lax.DotAlgorithm):
+              UnspecifiedValue, type(PartitionSpec.UNCONSTRAINED), lax.DotAlgorithm,
+              *named_policy_types()):
         spell(t, cannot_spell=by_rule)
     spell((types.MethodType, types.BuiltinFunctionType),
           cannot_spell="a Python callable is code; rules that take one import it by name")

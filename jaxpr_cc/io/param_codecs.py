@@ -30,7 +30,8 @@ from ..ir.region import Region
 from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
                            ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
                            UNSPECIFIED, array_copy_semantics_type, dots_saveable_type,
-                           linear_solve_tuple_type, param_enum_types, prng_impl_by_name,
+                           linear_solve_tuple_type, named_policy_types, param_enum_types,
+                           prng_impl_by_name,
                            prng_impl_type, WrappedFun)
 from ..storage import dtypes, pytrees
 from . import effects, primitives, shardings
@@ -328,6 +329,20 @@ def _record(cls: type, fields: tuple[str, ...], positional: bool):
             return cls(*[values[f] for f in fields]) if positional else cls(**values)
         except (TypeError, ValueError) as e:
             raise FormatError(f"invalid {cls.__name__}: {e}") from None
+    return encode, decode
+
+
+def _named_policy(cls: type, field: str):
+    """Codec functions for a remat policy made from checkpoint names: the sorted names."""
+    def encode(value, enc):
+        return {"names": sorted(getattr(value, field))}
+
+    def decode(v, dec):
+        names = v.get("names") if isinstance(v, dict) else None
+        if set(v if isinstance(v, dict) else ()) != {"names"} or not isinstance(names, list) \
+                or not all(isinstance(n, str) for n in names):
+            raise FormatError(f"malformed {cls.__name__}: expected {{'names': [str, ...]}}")
+        return cls(frozenset(names))
     return encode, decode
 
 
@@ -645,6 +660,8 @@ def _build_table() -> None:
     dots = dots_saveable_type()
     register(dots, "DotsSaveable",
              *_record(dots, tuple(f.name for f in dataclasses.fields(dots)), positional=False))
+    for cls, (_, field) in named_policy_types().items():
+        register(cls, cls.__name__, *_named_policy(cls, field))
     register(Region, "region", _enc_region, _dec_region)
     register(Jaxpr, "jaxpr", _enc_jaxpr, _dec_jaxpr(closed=False))
     register(ClosedJaxpr, "closed_jaxpr", _enc_jaxpr, _dec_jaxpr(closed=True))

@@ -306,6 +306,18 @@ def _key_record(fields: tuple[str, ...]):
     return key
 
 
+def _print_named_policy(factory: str, field: str):
+    def print_policy(v, fmt):
+        return f"{factory}({', '.join(repr(n) for n in sorted(getattr(v, field)))})"
+    return print_policy
+
+
+def _key_named_policy(field: str):
+    def key(v, keys):
+        return (type(v), tuple(sorted(getattr(v, field))))
+    return key
+
+
 def _key_dict(v, keys):
     return ("dict", tuple(sorted(((repr(k), keys.value(x)) for k, x in v.items()),
                                  key=lambda kv: kv[0])))
@@ -327,7 +339,7 @@ def _build() -> None:
     import jax
 
     from ..jax_adapter import (ExtendedDType, TypedComplex, TypedFloat, TypedInt, WrappedFun,
-                               dots_saveable_type)
+                               dots_saveable_type, named_policy_types)
     define(DEFAULT, "default", print=print_default, key=key_default)
     define(type(None), "None", print=_print_repr, key=lambda v, k: v)
     define(str, "str", print=_print_repr, key=lambda v, k: v)
@@ -355,6 +367,9 @@ def _build() -> None:
            key=_key_record(tuple(f.name for f in dataclasses.fields(dots))))
     define(jax.lax.Tolerance, "Tolerance", print=print_default,
            key=_key_record(("atol", "rtol", "ulps")))
+    for cls, (factory, field) in named_policy_types().items():
+        define(cls, cls.__name__, print=_print_named_policy(factory, field),
+               key=_key_named_policy(field))
     define((types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial,
             WrappedFun), "python callable", print=_print_callable, key=_key_identity)
 
