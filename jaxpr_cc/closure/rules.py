@@ -79,9 +79,8 @@ def marked(closed, zeros):
     zeros = _mask(zeros)
     if not zeros:
         return closed
-    made = LazyJaxpr(None, zeros)
-    made._value = body(closed)
-    return made
+    value = body(closed)
+    return LazyJaxpr(lambda: value, zeros)
 
 
 def symbolic_outputs(closed) -> tuple:
