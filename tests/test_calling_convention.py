@@ -133,8 +133,8 @@ def test_float_where_int_was_traced_raises(saved_dir, mode):
 def test_python_float_where_python_int_was_traced_raises(saved_dir, mode):
     program = jaxpr_cc.trace(double, 3)
     call = _call_mode(program, saved_dir, mode)
-    with pytest.raises(TypeError, match=r"args\[0\] is weakly typed float32\[\] \(a Python "
-                                        r"scalar\), but the .* weakly typed int32\[\]"):
+    with pytest.raises(TypeError, match=r"args\[0\] is weakly typed float32\[\] \(like a "
+                                        r"Python scalar\), but the .* weakly typed int32\[\]"):
         call(3.0)
     assert int(call(4)) == int(jax.jit(double)(4)) == 8
 
@@ -216,7 +216,7 @@ def test_weak_type_changes_what_jax_computes():
     assert program(2.5).dtype == jax.jit(add_bf16)(2.5).dtype == jnp.bfloat16
     assert jax.jit(add_bf16)(jnp.float32(2.5)).dtype == jnp.float32
     with pytest.raises(TypeError, match=r"args\[0\] is float32\[\], but the program was traced "
-                                        r"with weakly typed float32\[\] \(a Python scalar\); "
+                                        r"with weakly typed float32\[\] \(like a Python scalar\); "
                                         r"pass a Python scalar"):
         program(jnp.float32(2.5))
 

@@ -50,10 +50,11 @@ def _is_key_dtype(dtype) -> bool:
 
 
 def describe_type(aval) -> str:
-    """``float32[3]``, or ``weakly typed float32[] (a Python scalar)``."""
+    """``float32[3]``, or ``weakly typed float32[] (like a Python scalar)``."""
     text = f"{_dtype_name(aval.dtype)}[{','.join(map(str, aval.shape))}]"
     if getattr(aval, "weak_type", False):
-        return f"weakly typed {text} (a Python scalar)"
+        # Not only a Python scalar: jnp.array(1.0) is weakly typed too.
+        return f"weakly typed {text} (like a Python scalar)"
     return text
 
 
@@ -212,8 +213,8 @@ def _mismatch_message(name, what, index, x, got, want, args_and_kwargs) -> str:
                f"again with a {g_name} argument")
     elif want.weak_type:
         fix = (f"pass a Python scalar as when tracing, or trace the function again with a "
-               f"strongly typed {want.dtype} array (JAX promotes weakly typed values "
-               f"differently, so jax.jit would trace again too)")
+               f"strongly typed {want.dtype} array (jnp.asarray(x, jnp.{want.dtype})): JAX "
+               f"promotes weakly typed values differently, so jax.jit would trace again too")
     else:
         fix = (f"pass a {want.dtype} array (e.g. jnp.asarray(x, jnp.{want.dtype})), or trace "
                f"the function again with a Python scalar (JAX promotes weakly typed values "
