@@ -7,6 +7,7 @@ for gives NaN where JAX gives a number.  Every expectation is JAX itself on the
 original function."""
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -239,13 +240,12 @@ def test_completed_patterns_staged_then_differentiated_a_b_a(how, tmp_path):
     _close(_staged_a_b_a(g, args), _staged_a_b_a(_first_two, args))
 
 
+def _product(*a):
+    return functools.reduce(lambda x, y: x * y, a)
+
+
 def _product_vjp(n):
-    @jax.custom_vjp
-    def f(*a):
-        out = a[0]
-        for v in a[1:]:
-            out = out * v
-        return out
+    f = jax.custom_vjp(_product)
 
     def bwd(a, g):
         return tuple(None if i == 1 else g * a[0] for i in range(n))
@@ -254,16 +254,8 @@ def _product_vjp(n):
 
 
 def _product_jvp(n):
-    @jax.custom_jvp
-    def f(*a):
-        out = a[0]
-        for v in a[1:]:
-            out = out * v
-        return out
-
-    @f.defjvp
-    def _(p, t):
-        return f(*p), sum(ti * p[0] for ti in t)
+    f = jax.custom_jvp(_product)
+    f.defjvp(lambda p, t: (f(*p), sum(ti * p[0] for ti in t)))
     return f
 
 
