@@ -25,7 +25,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import tree_util
 from jax.custom_derivatives import SymbolicZero
 
 from .. import jax_adapter as jx
