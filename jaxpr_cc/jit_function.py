@@ -368,9 +368,9 @@ class JitFunction:
                  else x for a, x in zip(avals, leaves)]
         spec_args, spec_kwargs = tree_util.tree_unflatten(tree, specs)
         # Errors raised by the user's function propagate unchanged from here.
-        from .closure.session import jax_errors
+        from .closure.session import jax_errors, patterns_when_given
         from .frontend.trace import trace
-        with jax_errors():  # as jax.jit would raise them
+        with jax_errors(), patterns_when_given():  # as jax.jit would raise them
             program = trace(target, *spec_args, **spec_kwargs)
         program = _run_pipeline(program, self._pipeline, self._label)
         entry = _Entry(program, forward_mode=self._forward_mode)

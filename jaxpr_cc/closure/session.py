@@ -71,6 +71,21 @@ class TraceSession:
         # Inside jaxpr_cc.jit (jax.jit's drop-in), JAX's own errors where jaxpr_cc.trace
         # goes beyond JAX: a tracer in a custom_vjp nondiff position.
         self.jax_errors = getattr(_local, "jax_errors", False)
+        # Inside jaxpr_cc.jit no pattern variant is traced up front (see
+        # ``patterns_when_given``).
+        self.up_front_variants = not getattr(_local, "patterns_when_given", False)
+
+    def resumed_for(self, make):
+        """``make`` run with this session current again: a pattern's body traced
+        when JAX first gives the pattern, after the trace this session served
+        ended, holds the custom functions it calls (a fwd calling its own function)
+        as first-order rules, as the bodies traced with the program do."""
+        def made(key):
+            if current() is self:
+                return make(key)
+            with _resumed(self):
+                return make(key)
+        return made
 
     def info(self, fn, consts, roots) -> RuleInfo:
         return RuleInfo(name=naming.name_of(fn), source=naming.source_of(fn),
@@ -233,7 +248,10 @@ class TraceSession:
             if refuse is not None:
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals, refuse), 0)
             traced = trace_pattern(perturbed, None)
-            if cvjp.symbolic_zeros and self._variants_allowed():
+            # A rule that raised for the main pattern (one asserting which inputs
+            # are perturbed, or which cotangents are symbolic zeros) gets its
+            # variants up front even inside jaxpr_cc.jit.
+            if cvjp.symbolic_zeros and self._variants_allowed(traced.raised):
                 traced.add_vjp_variants(self._vjp_variants(avals, out_avals, perturbed,
                                                            trace_pattern, traced))
             return traced
@@ -250,10 +268,12 @@ class TraceSession:
             except Exception as e:  # JAX would raise it only when differentiating
                 if jx.is_jit_reentry_error(e):
                     raise _JitReentry() from e
-                return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals,
-                                              _rule_error("vjp", cvjp.fwd, e)), 0)
+                refused = _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals,
+                                                 _rule_error("vjp", cvjp.fwd, e)), 0)
+                refused.raised = True
+                return refused
             f_jaxpr, f_consts, num_res, res_layout = fwd
-            zeros = ()
+            zeros, raised = (), False
             try:
                 b_jaxpr, b_consts, zeros = self._trace_vjp_bwd(
                     cvjp, static, in_tree, avals, out_tree, out_avals, f_jaxpr, num_res,
@@ -266,11 +286,13 @@ class TraceSession:
                 # Only this pattern's bwd raised (a bwd that asserts which cotangents
                 # are symbolic zeros): fwd and its residuals stay, so the bwd variants
                 # of the same fwd take the residuals this rule's fwd gives.
+                raised = True
                 b_jaxpr, b_consts = _refusing_bwd(
                     [v.aval for v in f_jaxpr.outvars[len(out_avals):]], avals, out_avals,
                     _rule_error("vjp", cvjp.bwd, e))
             traced = _Traced(f_jaxpr, f_consts, b_jaxpr, b_consts, num_res, zeros=zeros)
             traced.fwd_traced = fwd
+            traced.raised = raised
             return traced
 
         main_pattern = tuple(q for q, a in zip(perturbed, avals) if is_inexact(a))
@@ -317,7 +339,7 @@ class TraceSession:
                 if fwd is not None and any(not c for c in ct_pattern) and unchanged():
                     t = trace_pattern(_flags(inexact, len(avals), in_pattern), ct_pattern, fwd)
                 return marked(_close_made(t.second, t.second_consts, consts, cvjp.bwd), t.zeros)
-            return PatternRules(make, len(consts), main_pattern)
+            return PatternRules(self.resumed_for(make), len(consts), main_pattern)
 
         def finish(t: "_Traced", consts):
             if consts is None:
@@ -352,13 +374,13 @@ class TraceSession:
         seen = key[2]
         return lambda: fingerprint((_rule_functions(kind, custom), static), self.keepalive) == seen
 
-    def _variants_allowed(self) -> bool:
+    def _variants_allowed(self, needed: bool = False) -> bool:
         """Per-pattern variants only for a rule called outside other rules' bodies:
         a rule traced inside another's variant would trace variants of its own, a
         cost exponential in the nesting (equinox's solvers nest filter_custom_vjp
         rules); a nested rule's patterns are traced when JAX first gives them
-        (``PatternRules``)."""
-        return len(self.in_progress) <= 1
+        (``PatternRules``).  ``needed``: even inside jaxpr_cc.jit."""
+        return (self.up_front_variants or needed) and len(self.in_progress) <= 1
 
     def _vjp_variants(self, avals, out_avals, perturbed, trace_pattern, main):
         """A symbolic-zeros custom_vjp traced per perturbation pattern: its fwd for
@@ -540,7 +562,7 @@ class TraceSession:
                                               _rule_error("jvp", cjvp.jvp, e))
                 return marked(_close_made(_without_dead_equations(jaxpr), cs, consts, cjvp.jvp),
                               zeros)
-            return PatternRules(make, len(consts), main_pattern)
+            return PatternRules(self.resumed_for(make), len(consts), main_pattern)
 
         def finish(t: "_Traced", consts):
             if consts is None:
@@ -694,6 +716,7 @@ class _Traced:
 
     fwd_variants: list = []
     bwd_variants: list = []
+    raised = False  # the user's fwd or bwd raised when traced for these bodies
 
     def add_vjp_variants(self, variants) -> None:
         """(fwd_variants, bwd_variants) of _vjp_variants: their closed-over values
@@ -1188,23 +1211,42 @@ def install_hooks() -> None:
         _installed = True
 
 
-@contextlib.contextmanager
 def jax_errors():
     """Sessions opened inside raise JAX's own errors where ``jaxpr_cc.trace`` accepts
     more than JAX (a tracer passed in a custom_vjp ``nondiff_argnums`` position, which
     trace makes a closed-over operand): ``jaxpr_cc.jit`` stands in for ``jax.jit``."""
-    prev = getattr(_local, "jax_errors", False)
-    _local.jax_errors = True
+    return _thread_flag("jax_errors")
+
+
+def patterns_when_given():
+    """Sessions opened inside trace a symbolic-zeros rule for the perturbation
+    patterns JAX gives it only when JAX first gives them (``rules.PatternRules``),
+    none up front.  For ``jaxpr_cc.jit``: its programs run in this process, where
+    a pattern is traced when it is needed, and ``save`` / ``emit_python`` complete
+    every pattern anyway (``frontend.saved_patterns``).  Up-front variants of a
+    rule whose bwd is a whole solve (diffrax's adjoints) cost a trace each."""
+    return _thread_flag("patterns_when_given")
+
+
+@contextlib.contextmanager
+def _thread_flag(name: str):
+    prev = getattr(_local, name, False)
+    setattr(_local, name, True)
     try:
         yield
     finally:
-        _local.jax_errors = prev
+        setattr(_local, name, prev)
 
 
 @contextlib.contextmanager
 def session(**options):
     install_hooks()
-    s = TraceSession(**options)
+    with _resumed(TraceSession(**options)) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def _resumed(s: TraceSession):
     prev = current()
     _local.session = s
     try:

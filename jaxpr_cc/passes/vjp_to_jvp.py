@@ -298,7 +298,13 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
     def ct_rules(in_pattern):
         if made is None or in_pattern is None:
             return None
-        return lambda ct: None if all(ct) else made.get(("bwd", in_pattern, ct), c_avals)
+
+        def bwd_for(ct):
+            if all(ct):
+                return None
+            got = made.get(("bwd", in_pattern, ct), c_avals)
+            return got if got is None else _late_with_forward_mode(got)
+        return bwd_for
 
     def jvp_for(fwd_f, n_res, bwd_f, ct_variants, in_pattern=None, as_jaxpr=False):
         # bwd_f, and each bwd of ct_variants: a body marked with the cotangents the
@@ -355,6 +361,9 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
                 return None
             fwd_f, n_res = got
             bwd_f = made.get(("bwd", x_pattern, full_ct), c_avals)
+            # Rules these bodies call (a fwd calling its own function) get forward
+            # mode, as those in the bodies traced up front did from this pass.
+            fwd_f, bwd_f = _late_with_forward_mode(fwd_f), _late_with_forward_mode(bwd_f)
             if fwd_f.consts or body(bwd_f).consts:
                 # Its bwd is transposed, which needs every value it reads as an input.
                 raise NotTransposableError(
@@ -655,9 +664,38 @@ def forward_mode_jaxpr(program):
     return closed
 
 
-def forward_mode_region(call):
+def _late_with_forward_mode(closed):
+    """``closed`` (a rule body, maybe marked: ``rules.marked``), traced when JAX first
+    gave its pattern (``PatternRules``), with forward mode through the custom_vjp
+    rules it calls: the bodies traced up front got it from the pass itself (it
+    rewrites the rules inside a rule's bodies first), these come too late for it."""
+    plain = body(closed)
+    if plain.consts or not _calls_custom_vjp(plain.jaxpr):
+        return closed
+    rewritten = forward_mode_region(region_from_closed_jaxpr(plain), FORWARD_MODE_PIPELINE)
+    if rewritten is None:
+        return closed
+    return marked(region_to_closed_jaxpr(rewritten), symbolic_outputs(closed))
+
+
+def _calls_custom_vjp(jaxpr) -> bool:
+    stack, seen = [jaxpr], set()
+    while stack:
+        j = stack.pop()
+        if id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            if eqn.primitive.name == "custom_vjp_call":
+                return True
+            stack.extend(jx.subjaxprs_of(eqn))
+    return False
+
+
+def forward_mode_region(call, pipeline: str | None = None):
     """``call`` with forward mode through the custom_vjp rules it calls (a rewritten
-    copy), or None when it calls none."""
+    copy), or None when it calls none.  ``pipeline``: the rewrite (default: a rule
+    whose bwd cannot be transposed takes its tangent from its own primal)."""
     from jax import tree_util
 
     from ..ir.program import Program
@@ -671,7 +709,7 @@ def forward_mode_region(call):
     # (vjp_to_jvp's ``primal_differentiated``): a rule whose bwd cannot be transposed
     # takes its tangent from its own primal, since refusing would fail reverse mode.
     for _ in range(2):  # a recursive rule's bodies hold calls a first run has passed
-        program = run_passes(program, _FORWARD_PRIMAL_PIPELINE)
+        program = run_passes(program, pipeline or _FORWARD_PRIMAL_PIPELINE)
         if not has_custom_vjp(program):
             break
     return program.body
