@@ -354,6 +354,11 @@ def _scan(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
 def _scan_equations(jaxpr, linear: list[bool], zeros: list[bool], *, check_outputs: bool):
     dep = {v for v, flag in zip(jaxpr.invars, linear) if flag}
     live = _live_equations(jaxpr)
+    # Tolerances a linear solve takes from its right-hand side are not part of
+    # the linear map (see _solve_tolerances): their equations are not checked.
+    in_cones = {id(e) for cone in _solve_tolerances(jaxpr, linear).values()
+                for e in cone.equations}
+    live = [is_live and id(e) not in in_cones for e, is_live in zip(jaxpr.eqns, live)]
     used = _used_vars(jaxpr, live)
     zero_vars = {v for v, flag in zip(jaxpr.invars, zeros) if flag}
 
@@ -1023,8 +1028,16 @@ def _eval_equations(jaxpr, env: dict, dep: set) -> None:
 
     live = _live_equations(jaxpr)
     used = _used_vars(jaxpr, live)
+    cones = _solve_tolerances(jaxpr, [v in dep for v in jaxpr.invars])
+    in_cones = {id(e) for cone in cones.values() for e in cone.equations}
     for eqn, is_live in zip(jaxpr.eqns, live):
-        if not is_live:
+        if not is_live or id(eqn) in in_cones:
+            continue
+        cone = cones.get(id(eqn))
+        if cone is not None:
+            for v, x in zip(eqn.outvars, _bind_tolerant_solve(eqn, cone, read)):
+                env[v] = x
+                dep.add(v)
             continue
         invals = [read(a) for a in eqn.invars]
         flags = [not isinstance(a, Literal) and a in dep for a in eqn.invars]
@@ -1323,6 +1336,118 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
     # by caps that differ between lanes: NaN rather than another map's transpose.
     unsettled = jnp.logical_or(jnp.logical_and(change, may_step(n_vals)[0]), split_lanes)
     return [jnp.where(unsettled, jnp.nan, x).astype(x.dtype) for x in [*acc, *v]]
+
+
+class _ToleranceCone:
+    """The equations that compute a linear solve's tolerances from its right-hand
+    side: ``equations`` (in order), the solve's const ``positions`` they give, and
+    the ``free`` values they read besides the right-hand side."""
+    __slots__ = ("equations", "positions", "free")
+
+    def __init__(self, equations, positions, free):
+        self.equations, self.positions, self.free = equations, positions, free
+
+
+def _solve_tolerances(jaxpr, linear: Sequence[bool]) -> dict:
+    """``{id(solve equation): _ToleranceCone}`` for the ``custom_linear_solve``s of
+    ``jaxpr`` whose ``solve`` / ``transpose_solve`` constants depend on the linear
+    input only through the solve's right-hand side ``b``: a stopping tolerance
+    relative to ``|b|``, which ``jax.scipy.sparse.linalg.gmres`` computes outside
+    the solve.  JAX defines a ``custom_linear_solve`` as the exact solve, linear in
+    ``b``, whatever those constants are (its derivative rules never differentiate
+    them), so such a solve is linear in ``b``; its transpose solves the transposed
+    system with the tolerances computed from the transposed right-hand side.
+    The values the tolerances are computed from must be read by nothing else."""
+    dep = {v for v, f in zip(jaxpr.invars, linear) if f}
+    producer, users = {}, {}
+    for e in jaxpr.eqns:
+        ins = [a for a in e.invars if not isinstance(a, Literal)]
+        flags = [not isinstance(a, Literal) and a in dep for a in e.invars]
+        if any(flags):
+            dep.update(v for v, f in zip(e.outvars, _eqn_reaches(e, flags)) if f)
+        for v in e.outvars:
+            producer[v] = e
+        for a in ins:
+            users.setdefault(a, []).append(e)
+    outputs = {a for a in jaxpr.outvars if not isinstance(a, Literal)}
+    cones = {}
+    for e in jaxpr.eqns:
+        if e.primitive.name != "custom_linear_solve":
+            continue
+        lengths = e.params["const_lengths"]
+        n_consts = sum(lengths)
+        start = lengths.matvec + lengths.vecmat
+        positions = [i for i in range(start, n_consts)
+                     if not isinstance(e.invars[i], Literal) and e.invars[i] in dep]
+        if not positions or any(not isinstance(a, Literal) and a in dep
+                                for a in e.invars[:start]):
+            continue
+        b_vars = set(e.invars[n_consts:])
+        cone, free, stack, ok = {}, [], [e.invars[i] for i in positions], True
+        while stack and ok:
+            v = stack.pop()
+            if v in b_vars or v not in dep:
+                if v not in b_vars and v not in free:
+                    free.append(v)
+                continue
+            made_by = producer.get(v)
+            if made_by is None or made_by.effects or _eqn_has_while(made_by):
+                ok = False  # a linear input itself, or a loop: not a tolerance
+                break
+            if id(made_by) not in cone:
+                cone[id(made_by)] = made_by
+                stack.extend(a for a in made_by.invars if not isinstance(a, Literal))
+        if not ok:
+            continue
+        # Nothing but the cone and this solve's tolerance operands reads its values.
+        const_uses = {id(e)}
+        for c in cone.values():
+            for v in c.outvars:
+                if v in outputs or any(id(u) not in cone and id(u) not in const_uses
+                                       for u in users.get(v, ())):
+                    ok = False
+                if any(a is v for i, a in enumerate(e.invars) if i not in positions):
+                    ok = False
+        if ok:
+            ordered = [c for c in jaxpr.eqns if id(c) in cone]
+            cones[id(e)] = _ToleranceCone(ordered, positions, free)
+    return cones
+
+
+def _bind_tolerant_solve(eqn, cone: "_ToleranceCone", read) -> list:
+    """A ``custom_linear_solve`` whose tolerances come from its right-hand side,
+    bound as a linear rule: the solve with tolerances from ``b``, transposed as the
+    transposed solve with tolerances from its own right-hand side (the cotangent)."""
+    n_consts = sum(eqn.params["const_lengths"])
+    b_vars = list(eqn.invars[n_consts:])
+    free_vals = [read(v) for v in cone.free]
+    others = [read(a) for i, a in enumerate(eqn.invars[:n_consts]) if i not in cone.positions]
+    res, lin = [*free_vals, *others], [read(v) for v in b_vars]
+    nf = len(free_vals)
+
+    def operands(r, rhs):
+        env = dict(zip(cone.free, r[:nf]))
+        env.update(zip(b_vars, rhs))
+
+        def value(a):
+            return a.val if isinstance(a, Literal) else env[a]
+        for c in cone.equations:
+            env.update(zip(c.outvars, jx.eval_equation(c, [value(a) for a in c.invars])))
+        rest = iter(r[nf:])
+        return [value(a) if i in cone.positions else next(rest)
+                for i, a in enumerate(eqn.invars[:n_consts])]
+
+    def callee(r, lv):
+        return jx.eval_equation(eqn, [*operands(r, lv), *lv])
+
+    def transpose(r, cts):
+        ops = operands(r, cts)
+        examples = [_example(v.aval) for v in b_vars]
+        solve = jax.linear_transpose(lambda *bv: jx.eval_equation(eqn, [*ops, *bv]), *examples)
+        return list(solve(list(cts)))
+
+    return _bind_rule(eqn, callee, transpose, res, lin,
+                      [jx.to_cotangent_aval(v.aval) for v in eqn.outvars])
 
 
 def _bind_rule(eqn, callee, transpose, res, lin, ct_avals):
