@@ -62,9 +62,17 @@ def is_dtype(value: Any) -> bool:
 
 
 # ---------------------------------------------------------------- scalars
+_CANONICAL_NAN_BITS = int(np.array(np.nan, np.float64).view(np.uint64))
+
+
 def float_source(x: float) -> str:
     if math.isnan(x):
-        return "np.nan"
+        bits = int(np.array(x, np.float64).view(np.uint64))
+        if bits == _CANONICAL_NAN_BITS:
+            return "np.nan"
+        # A NaN's sign and payload are data (copysign, signbit, bitcasts read them);
+        # narrowing this double to the literal's dtype keeps them.
+        return f"float(np.uint64({bits:#x}).view(np.float64))"
     if math.isinf(x):
         return "np.inf" if x > 0 else "-np.inf"
     return repr(float(x))
