@@ -231,27 +231,51 @@ def _seq(items: list[str]) -> str:
 
 
 # ----------------------------------------------------------------- random
+def _per_key(eqn, func: str, extra: str = "") -> str | None:
+    """``func`` applied to each key of the equation's key array: the primitives take
+    a batch of keys (``jax.vmap`` over per-example keys stages one), ``jax.random``'s
+    functions a single key.  Other operands (fold_in's messages) broadcast against
+    the keys from the right; None when one does so through a size-1 axis."""
+    keys = eqn.inputs[0].aval.shape
+    shapes = [a.aval.shape for a in eqn.inputs]
+    if any(tuple(keys[len(keys) - len(s):]) != tuple(s) for s in shapes if s):
+        return None
+    names = ", ".join(f"k{i}" for i in range(len(shapes)))
+    src = f"lambda {names}: {func}({names}{extra})"
+    for level in range(len(keys) - 1, -1, -1):  # innermost first
+        axes = tuple(0 if len(s) >= len(keys) - level else None for s in shapes)
+        src = f"jax.vmap({src})" if all(a == 0 for a in axes) else \
+            f"jax.vmap({src}, in_axes={axes!r})"
+    return src
+
+
 @rule("random_bits")
 def _random_bits(ctx, eqn):
     p = eqn.params
     if set(p) != {"bit_width", "shape"}:
         return None
-    return Call("jax.random.bits", [ctx.ins[0], ctx.param(tuple(p["shape"])),
-                                    f"np.uint{p['bit_width']}"])
+    shape, dtype = ctx.param(tuple(p["shape"])), f"np.uint{p['bit_width']}"
+    if eqn.inputs[0].aval.ndim:
+        return Call(_per_key(eqn, "jax.random.bits", f", {shape}, {dtype}"), [ctx.ins[0]])
+    return Call("jax.random.bits", [ctx.ins[0], shape, dtype])
 
 
 @rule("random_split")
 def _random_split(ctx, eqn):
     if set(eqn.params) != {"shape"}:
         return None
-    return Call("jax.random.split", [ctx.ins[0], ctx.param(tuple(eqn.params["shape"]))])
+    shape = ctx.param(tuple(eqn.params["shape"]))
+    if eqn.inputs[0].aval.ndim:
+        return Call(_per_key(eqn, "jax.random.split", f", {shape}"), [ctx.ins[0]])
+    return Call("jax.random.split", [ctx.ins[0], shape])
 
 
 @rule("random_fold_in")
 def _random_fold_in(ctx, eqn):
     if eqn.params:
         return None
-    return Call("jax.random.fold_in", list(ctx.ins))
+    func = _per_key(eqn, "jax.random.fold_in")
+    return None if func is None else Call(func, list(ctx.ins))
 
 
 @rule("random_wrap")
