@@ -152,8 +152,7 @@ class _Entry:
         # What runs is the program with a forward mode through its custom_vjp
         # rules (reverse mode still runs their bwd); ``program`` is what the
         # pipeline made, as inspected and compiled.
-        self.evaluate = xla.emit_function(_with_forward_mode(program) if forward_mode
-                                          else program)
+        self.evaluate = xla.emit_function(program, forward_mode=forward_mode)
         self.executables: dict = {}
 
     def run(self, leaves: list):
@@ -550,11 +549,6 @@ def _holding(fun: Callable, method: Callable) -> Callable:
         return method(*args, **kwargs)
     call.jaxpr_cc_function = fun
     return call
-
-
-def _with_forward_mode(program: Program) -> Program:
-    from .passes.vjp_to_jvp import with_forward_mode
-    return with_forward_mode(program)
 
 
 def _fun_name(fun: Any) -> str:

@@ -21,6 +21,7 @@ from jax import tree_util
 from jax.experimental.layout import Format
 
 from ..ir.calling_convention import check_argument_types, layout_in_type
+from ..ir import program_services
 from ..ir.program import Program
 from .. import jax_adapter as jx
 from ..jax_adapter import (closed_over_ref_inputs, compiled_argument_shardings,
@@ -36,9 +37,12 @@ TEXT_KINDS = ("stablehlo", "hlo")
 
 
 # ------------------------------------------------------------------- emission
-def emit_function(program: Program) -> Callable[..., list]:
-    """The program as ``f(*params, *arg_leaves) -> list of output leaves``."""
-    eval_closed = jaxpr_as_fun(program.to_jaxpr())
+def emit_function(program: Program, *, forward_mode: bool = False) -> Callable[..., list]:
+    """The program as ``f(*params, *arg_leaves) -> list of output leaves``;
+    ``forward_mode``: with forward mode through its custom_vjp rules
+    (``passes.vjp_to_jvp.forward_mode_jaxpr``)."""
+    eval_closed = jaxpr_as_fun(program_services.forward_mode_jaxpr(program) if forward_mode
+                               else program.to_jaxpr())
 
     def flat_fun(*flat):
         return eval_closed(*flat)

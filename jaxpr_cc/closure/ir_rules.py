@@ -46,11 +46,13 @@ bodies are emitted when JAX first runs them (``rules.LazyJaxpr``).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any, Callable
 
 from .rules import (JVPRule, LazyJaxpr, LinearRule, RuleInfo, VJPRule, bind_linear_rule, body,
-                    build_custom_jvp, build_custom_vjp, forward_only_rule, rule_of,
-                    symbolic_outputs)
+                    build_custom_jvp, build_custom_vjp, build_forward_mode_on_demand,
+                    forward_only_rule, rule_of, symbolic_outputs)
 
 FIRST_ORDER_KEYS = {
     "custom_vjp_call": "bwd_jaxpr",
@@ -174,12 +176,22 @@ def import_params(name: str, jparams: dict, to_region: Callable) -> dict | None:
 
 # ------------------------------------------------------------------ export
 def _rule_from_params(name: str, params: dict, from_region: Callable):
+    make = getattr(_on_demand, "make", None)
+
+    def exported(region):
+        # A body exported when JAX first runs it, as the program around it was:
+        # the custom_vjp rules it calls get their forward mode on demand too.
+        if make is None:
+            return from_region(region)
+        with forward_mode_on_demand(make):
+            return from_region(region)
+
     def lazy(key, zeros=()):
         region = params[key]
-        return LazyJaxpr(lambda: from_region(region), zeros)
+        return LazyJaxpr(lambda: exported(region), zeros)
 
     def lazy_region(region, zeros=()):
-        return LazyJaxpr(lambda: from_region(region), zeros)
+        return LazyJaxpr(lambda: exported(region), zeros)
 
     if name == "custom_vjp_call":
         fwd_variants = tuple(
@@ -225,11 +237,32 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
                       pattern_rules=params.get("pattern_rules"))
 
 
+_on_demand = threading.local()
+
+
+@contextlib.contextmanager
+def forward_mode_on_demand(make: Callable):
+    """Export every ``custom_vjp_call`` as a ``custom_jvp`` whose jvp is
+    ``make(params, in_avals)`` (a ``jax.custom_jvp`` function, or None to keep
+    JAX's custom_vjp semantics), made when JAX first differentiates the call
+    (``rules.build_forward_mode_on_demand``)."""
+    prev = getattr(_on_demand, "make", None)
+    _on_demand.make = make
+    try:
+        yield
+    finally:
+        _on_demand.make = prev
+
+
 def export_params(name: str, params: dict, in_avals, from_region: Callable) -> tuple[Any, dict]:
     """(primitive, JAX params) for a first-order custom equation."""
     from .. import jax_adapter as jx
     rule = _rule_from_params(name, params, from_region)
-    if name == "custom_vjp_call":
+    make = getattr(_on_demand, "make", None)
+    if name == "custom_vjp_call" and make is not None:
+        g = build_forward_mode_on_demand(rule, lambda: make(params, list(in_avals)))
+        name = "custom_jvp_call"
+    elif name == "custom_vjp_call":
         g = build_custom_vjp(rule)
     elif name == "custom_jvp_call":
         g = build_custom_jvp(rule)

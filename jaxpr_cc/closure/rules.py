@@ -681,6 +681,39 @@ def build_custom_vjp(rule: VJPRule):
     return g
 
 
+def build_forward_mode_on_demand(rule: VJPRule, make):
+    """A ``jax.custom_jvp`` function of ``(*c, *x)`` computing ``rule``'s primal,
+    whose jvp is that of ``make()`` -- the rule rewritten for forward mode
+    (vjp-to-jvp), a ``jax.custom_jvp`` function of the same operands -- made when
+    JAX first differentiates it: a call JAX never differentiates never builds it
+    (for a diffrax adjoint, a vmapped jvp of the whole backward solve).
+    ``make()`` returning None means the rewrite kept the custom_vjp: JAX's own
+    custom_vjp semantics then (reverse mode runs bwd, forward mode raises)."""
+    in_avals = list(rule.call.in_avals)
+
+    def primal(*ops):
+        return run(rule.call, *ops)
+
+    primal.__name__ = primal.__qualname__ = rule.info.name
+    g = jax.custom_jvp(primal)
+    made: list = []
+
+    def jvp(primals, tangents):
+        if not made:
+            made.append(make())
+        rewritten = made[0]
+        if rewritten is None:
+            dense = [_dense(t, a.to_tangent_aval()) for t, a in zip(tangents, in_avals)]
+            return jax.jvp(build_custom_vjp(rule), tuple(primals), tuple(dense))
+        if not rewritten.symbolic_zeros:
+            tangents = [_dense(t, a.to_tangent_aval()) for t, a in zip(tangents, in_avals)]
+        return rewritten.jvp(tuple(primals), tuple(tangents))
+
+    g.defjvp(jvp, symbolic_zeros=True)
+    g._jaxpr_cc_rebuilt = True
+    return g
+
+
 def build_custom_jvp(rule: JVPRule):
     """A ``jax.custom_jvp`` function of ``(*c, *x)`` that runs the rule's jaxprs."""
     info, nc = rule.info, rule.num_consts

@@ -63,7 +63,8 @@ import numpy as np
 
 from .. import jax_adapter as jx
 from ..backends.jaxpr import region_to_closed_jaxpr
-from ..closure.ir_rules import SYMBOLIC_ZERO_OUTPUTS, is_first_order_custom, symbolic_zero_masks
+from ..closure.ir_rules import (SYMBOLIC_ZERO_OUTPUTS, forward_mode_on_demand,
+                                is_first_order_custom, symbolic_zero_masks)
 from ..closure.rules import (LinearRule, PatternRules, RuleInfo, _pe_bind_consts,
                              bind_linear_rule, body, is_inexact, marked, run,
                              symbolic_outputs)
@@ -627,11 +628,13 @@ def _closed(fn, avals, name, allow_consts: bool = False):
 
 
 # ------------------------------------------------------ forward mode by default
-# jaxpr_cc.jit and Program calls give every custom_vjp a forward mode: they run
-# this pass (reverse-only rules refuse forward mode in one line; a rule the pass
-# cannot rewrite for any other reason stays the user's custom_vjp) on a copy of
-# the program they evaluate.  Reverse mode still runs the user's bwd: the
-# custom_jvp's tangent is a linear_call whose transpose is bwd.
+# jaxpr_cc.jit and Program calls give every custom_vjp a forward mode: each call
+# is evaluated as a custom_jvp whose jvp is the call's rule rewritten by this pass
+# (reverse-only rules refuse forward mode in one line; a rule the pass cannot
+# rewrite for any other reason keeps the user's custom_vjp semantics), built when
+# JAX first differentiates the call (``forward_mode_jaxpr``).  Reverse mode still
+# runs the user's bwd: the custom_jvp's tangent is a linear_call whose transpose
+# is bwd.
 FORWARD_MODE_PIPELINE = "vjp-to-jvp{on-failure=keep}"
 
 
@@ -653,15 +656,45 @@ def with_forward_mode(program):
 
 
 def forward_mode_jaxpr(program):
-    """``with_forward_mode(program).to_jaxpr()``, kept on the program while its
-    equations are the same objects (a pass that changes it in place rebuilds)."""
+    """``program.to_jaxpr()`` with forward mode through its custom_vjp rules, each
+    rewritten as ``with_forward_mode`` does when JAX first differentiates it
+    (``ir_rules.forward_mode_on_demand``): a rule that is only evaluated costs
+    nothing (a diffrax adjoint's rewrite stages a vmapped jvp of its backward
+    solve).  Kept on the program while its equations are the same objects (a
+    pass that changes it in place rebuilds)."""
     stamp = tuple((id(eqn), id(eqn.params)) for _, eqn in program.body.walk())
     kept = program.__dict__.get("_jaxpr_cc_forward_mode")
     if kept is not None and kept[0] == stamp:
         return kept[1]
-    closed = with_forward_mode(program).to_jaxpr()
+    if not has_custom_vjp(program):
+        closed = program.to_jaxpr()
+    else:
+        with forward_mode_on_demand(_rewritten_rule):
+            closed = program.to_jaxpr()
     program.__dict__["_jaxpr_cc_forward_mode"] = (stamp, closed)
     return closed
+
+
+def _rewritten_rule(params: dict, in_avals: list):
+    """The custom_vjp rule ``params`` as ``with_forward_mode`` rewrites it, as a
+    ``jax.custom_jvp`` function of its operands; None when the rewrite keeps it."""
+    from jax import tree_util
+
+    from ..closure.ir_rules import _rule_from_params
+    from ..closure.rules import build_custom_jvp
+    from ..ir.program import Program
+    region = Region()
+    ins = [region.add_input(a) for a in in_avals]
+    outs = [Value(v.aval) for v in params["call_jaxpr"].outvars]
+    region.append(Equation(jx.custom_vjp_call_p, ins, outs, dict(params)))
+    region.set_outvars(outs)
+    program = Program(region, tree_util.tree_structure((tuple(ins), {})),
+                      tree_util.tree_structure(list(outs)), name=params.get("name", "rule"))
+    (eqn,) = with_forward_mode(program).body.equations
+    if eqn.prim.name != "custom_jvp_call":
+        return None
+    return build_custom_jvp(_rule_from_params("custom_jvp_call", eqn.params,
+                                              region_to_closed_jaxpr))
 
 
 def _late_with_forward_mode(closed):
