@@ -19,13 +19,16 @@ _BITS = {np.dtype(np.float16): np.uint16, np.dtype(ml_dtypes.bfloat16): np.uint1
 
 
 def _nans(dtype):
-    """A canonical NaN, its negative, and NaNs with payloads, as ``dtype``."""
+    """A canonical NaN, its negative, NaNs with payloads and signalling NaNs, as
+    ``dtype``."""
     uint = _BITS[np.dtype(dtype)]
     width = np.dtype(uint).itemsize * 8
     mantissa = {16: 10 if np.dtype(dtype) == np.float16 else 7, 32: 23, 64: 52}[width]
     quiet = (int(np.array(np.nan, dtype).view(uint)) & ~(1 << (width - 1)))
     sign = 1 << (width - 1)
-    bits = [quiet, quiet | sign, quiet | 1, quiet | sign | (1 << (mantissa - 2)), 0]
+    inf = int(np.array(np.inf, dtype).view(uint))
+    signalling = [inf | 1, inf | sign | 1]  # quiet bit clear, payload 1
+    bits = [quiet, quiet | sign, quiet | 1, quiet | sign | (1 << (mantissa - 2)), 0, *signalling]
     return np.array(bits, uint).view(dtype)
 
 
@@ -38,11 +41,11 @@ def test_nan_constants_and_literals_keep_their_bits(dtype, tmp_path):
         negative_nan = consts[1]  # a scalar literal of the program
 
         def f(x):
-            table = lax.bitcast_convert_type(jnp.asarray(consts) + 0 * x, uint)
+            table = lax.bitcast_convert_type(jnp.where(x > 0, x, jnp.asarray(consts)), uint)
             picked = jnp.where(x > 0, x, negative_nan)
             return table, lax.bitcast_convert_type(picked, uint), jnp.signbit(picked)
 
-        x = jnp.zeros(5, dtype)
+        x = jnp.zeros(7, dtype)
         want = jax.jit(f)(x)
         program = jaxpr_cc.trace(f, x)
         got = emitted_function(program, tmp_path)(x)

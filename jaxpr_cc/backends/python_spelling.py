@@ -119,13 +119,33 @@ def array_literal_source(x: Any) -> str:
         return f"jax.random.wrap_key_data({array_literal_source(jax.random.key_data(x))}, impl={impl!r})"
     a = to_numpy(x)
     dtype = np.dtype(getattr(x, "dtype", a.dtype))
-    flat = [python_scalar_source(v) for v in a.reshape(-1).tolist()] if dtype.name in _NUMPY_DTYPES \
-        else [python_scalar_source(float(v)) for v in a.reshape(-1).astype(np.float64).tolist()]
-    body = "[" + ", ".join(flat) + "]" if a.ndim else flat[0]
-    src = f"np.array({body}, dtype={dtype_source(dtype)})"
+    if _odd_nans(a, dtype):
+        # Through a double a signalling NaN comes back quiet: spell the bits.
+        bits = a.view(np.dtype(f"uint{dtype.itemsize * 8}"))
+        body = "[" + ", ".join(str(int(b)) for b in bits.reshape(-1)) + "]" if a.ndim \
+            else str(int(bits))
+        src = f"np.array({body}, dtype=np.{bits.dtype.name}).view({dtype_source(dtype)})"
+    else:
+        flat = [python_scalar_source(v) for v in a.reshape(-1).tolist()] \
+            if dtype.name in _NUMPY_DTYPES \
+            else [python_scalar_source(float(v)) for v in a.reshape(-1).astype(np.float64).tolist()]
+        body = "[" + ", ".join(flat) + "]" if a.ndim else flat[0]
+        src = f"np.array({body}, dtype={dtype_source(dtype)})"
     if a.ndim > 1 or (a.ndim == 1 and a.size == 0):
         src += f".reshape({tuple(a.shape)!r})"
     return src
+
+
+def _odd_nans(a: np.ndarray, dtype) -> bool:
+    """Does the real floating array ``a`` hold a signalling NaN?  Spelled as a
+    double, which is narrowed to ``dtype``, it would come back quiet."""
+    if dtype.kind != "f" and dtype.name != "bfloat16":
+        return False
+    if not np.any(np.isnan(a)):
+        return False
+    uint = np.dtype(f"uint{dtype.itemsize * 8}")
+    quiet_bit = int(np.array(np.nan, dtype).view(uint)) & ~int(np.array(np.inf, dtype).view(uint))
+    return bool(np.any(np.isnan(a) & ((a.view(uint) & quiet_bit) == 0)))
 
 
 def sidecar_array(x: Any) -> tuple[np.ndarray, str]:
