@@ -97,3 +97,27 @@ def test_a_bwd_reading_the_cotangent_norm_elsewhere_stays_reverse_only(adjoint):
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ForwardModeRefusedError, match="not linear"):
         jax.jacfwd(jf, argnums=1)(A, B)
+
+
+WRAPPED = {
+    "jit": lambda a, ct: jax.jit(_gmres_adjoint)(a, ct),
+    "cond": lambda a, ct: jax.lax.cond(a[0, 0] > 0, lambda c: _gmres_adjoint(a, c),
+                                       lambda c: c, ct),
+    "scan": lambda a, ct: jax.lax.scan(lambda c, _: (_gmres_adjoint(a, c), None), ct, None,
+                                       length=1)[0],
+    "two_solves": lambda a, ct: 0.5 * gmres(lambda v: a.T @ v, ct, tol=1e-7)[0]
+    + 0.5 * gmres(lambda v: a.T @ v, ct, tol=1e-6)[0],
+}
+
+
+@pytest.mark.parametrize("where", sorted(WRAPPED))
+def test_a_program_gives_jvp_through_gmres_inside_regions(where):
+    # adv29b: inside a jit (whose body keeps gmres's dead tolerance equations), a
+    # cond or a scan, and two solves sharing the cotangent's norm.
+    f = _loss(_solver(WRAPPED[where]))
+    program = jaxpr_cc.trace(f, A, B)
+    t = jnp.array([0.3, -1.0, 0.5], jnp.float32)
+    x = np.linalg.solve(np.asarray(A, np.float64), np.asarray(B, np.float64))
+    want = np.cos(x) * np.linalg.solve(np.asarray(A, np.float64), np.asarray(t, np.float64))
+    _, got = jax.jvp(lambda b: program(A, b), (B,), (t,))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

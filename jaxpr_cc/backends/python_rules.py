@@ -241,6 +241,8 @@ def _per_key(eqn, func: str, extra: str = "") -> str | None:
     if any(tuple(keys[len(keys) - len(s):]) != tuple(s) for s in shapes if s):
         return None
     names = ", ".join(f"k{i}" for i in range(len(shapes)))
+    if not keys:
+        return f"(lambda {names}: {func}({names}{extra}))" if extra else func
     src = f"lambda {names}: {func}({names}{extra})"
     for level in range(len(keys) - 1, -1, -1):  # innermost first
         axes = tuple(0 if len(s) >= len(keys) - level else None for s in shapes)

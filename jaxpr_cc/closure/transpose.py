@@ -1340,12 +1340,13 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
 
 class _ToleranceCone:
     """The equations that compute a linear solve's tolerances from its right-hand
-    side: ``equations`` (in order), the solve's const ``positions`` they give, and
-    the ``free`` values they read besides the right-hand side."""
-    __slots__ = ("equations", "positions", "free")
+    side: ``equations`` (in order), the solve's const ``positions`` they give, the
+    ``free`` values they read besides the right-hand side, and ``rhs``."""
+    __slots__ = ("equations", "positions", "free", "rhs")
 
-    def __init__(self, equations, positions, free):
+    def __init__(self, equations, positions, free, rhs):
         self.equations, self.positions, self.free = equations, positions, free
+        self.rhs = rhs  # {value: k}: the k-th right-hand side, or a value it copies
 
 
 def _solve_tolerances(jaxpr, linear: Sequence[bool]) -> dict:
@@ -1360,7 +1361,9 @@ def _solve_tolerances(jaxpr, linear: Sequence[bool]) -> dict:
     The values the tolerances are computed from must be read by nothing else."""
     dep = {v for v, f in zip(jaxpr.invars, linear) if f}
     producer, users = {}, {}
-    for e in jaxpr.eqns:
+    for e, is_live in zip(jaxpr.eqns, _live_equations(jaxpr)):
+        if not is_live:
+            continue  # dead code (gmres's unused preconditioned tolerance) reads nothing
         ins = [a for a in e.invars if not isinstance(a, Literal)]
         flags = [not isinstance(a, Literal) and a in dep for a in e.invars]
         if any(flags):
@@ -1382,7 +1385,9 @@ def _solve_tolerances(jaxpr, linear: Sequence[bool]) -> dict:
         if not positions or any(not isinstance(a, Literal) and a in dep
                                 for a in e.invars[:start]):
             continue
-        b_vars = set(e.invars[n_consts:])
+        rhs = _rhs_aliases(e.invars[n_consts:], producer)
+        roots = _rhs_roots(e.invars[n_consts:], producer)
+        b_vars = set(rhs)
         cone, free, stack, ok = {}, [], [e.invars[i] for i in positions], True
         while stack and ok:
             v = stack.pop()
@@ -1397,21 +1402,67 @@ def _solve_tolerances(jaxpr, linear: Sequence[bool]) -> dict:
             if id(made_by) not in cone:
                 cone[id(made_by)] = made_by
                 stack.extend(a for a in made_by.invars if not isinstance(a, Literal))
-        if not ok:
-            continue
-        # Nothing but the cone and this solve's tolerance operands reads its values.
-        const_uses = {id(e)}
-        for c in cone.values():
-            for v in c.outvars:
-                if v in outputs or any(id(u) not in cone and id(u) not in const_uses
-                                       for u in users.get(v, ())):
-                    ok = False
-                if any(a is v for i, a in enumerate(e.invars) if i not in positions):
-                    ok = False
         if ok:
             ordered = [c for c in jaxpr.eqns if id(c) in cone]
-            cones[id(e)] = _ToleranceCone(ordered, positions, free)
-    return cones
+            cones[id(e)] = (roots, _ToleranceCone(ordered, positions, free, rhs))
+    # Nothing but the cones and the tolerance operands of solves of one right-hand
+    # side (two gmres calls on one cotangent share its norm once CSE merged it)
+    # reads a cone's values: drop the cones whose values leak, until none does.
+    while True:
+        kept = {}
+        for key, (roots, cone) in cones.items():
+            group = {id(c) for r, other in cones.values() if r == roots for c in other.equations}
+            leaks = any(v in outputs or any(id(u) not in group and
+                                            not (id(u) in cones and
+                                                 _reads_as_tolerance(u, v, roots, producer))
+                                            for u in users.get(v, ()))
+                        for c in cone.equations for v in c.outvars)
+            if not leaks:
+                kept[key] = (roots, cone)
+        if len(kept) == len(cones):
+            return {key: cone for key, (_, cone) in kept.items()}
+        cones = kept
+
+
+_COPIES = ("device_put", "copy")
+
+
+def _rhs_aliases(atoms, producer) -> dict:
+    """``{value: k}``: the right-hand-side operand ``atoms[k]`` and the values it is a
+    copy of (``device_put``, which gmres applies to ``b`` before taking its norm)."""
+    out = {}
+    for k, a in enumerate(atoms):
+        for v in _copy_chain(a, producer):
+            out.setdefault(v, k)
+    return out
+
+
+def _copy_chain(a, producer) -> list:
+    chain = []
+    while not isinstance(a, Literal):
+        chain.append(a)
+        made_by = producer.get(a)
+        if made_by is None or made_by.primitive.name not in _COPIES:
+            break
+        a = made_by.invars[made_by.outvars.index(a)]
+    return chain
+
+
+def _rhs_roots(atoms, producer) -> tuple:
+    """What each right-hand-side operand is a copy of, at the start of its chain."""
+    return tuple((_copy_chain(a, producer) or [a])[-1] for a in atoms)
+
+
+def _reads_as_tolerance(eqn, v, roots: tuple, producer) -> bool:
+    """Does ``eqn`` read ``v`` only as a solve / transpose_solve constant of a
+    ``custom_linear_solve`` of the same right-hand side (``roots``)?"""
+    if eqn.primitive.name != "custom_linear_solve":
+        return False
+    lengths = eqn.params["const_lengths"]
+    n_consts, start = sum(lengths), lengths.matvec + lengths.vecmat
+    if _rhs_roots(eqn.invars[n_consts:], producer) != roots:
+        return False
+    return all(start <= i < n_consts for i, a in enumerate(eqn.invars) if a is v)
 
 
 def _bind_tolerant_solve(eqn, cone: "_ToleranceCone", read) -> list:
@@ -1427,7 +1478,7 @@ def _bind_tolerant_solve(eqn, cone: "_ToleranceCone", read) -> list:
 
     def operands(r, rhs):
         env = dict(zip(cone.free, r[:nf]))
-        env.update(zip(b_vars, rhs))
+        env.update((v, rhs[k]) for v, k in cone.rhs.items())
 
         def value(a):
             return a.val if isinstance(a, Literal) else env[a]
