@@ -59,22 +59,28 @@ def complete_patterns(program):
     # ``fixed_point``'s fwd does) must hold that call first-order, as the bodies
     # traced with the program do: a session is active while they are traced.
     completed: dict = {}
-    todo = list(_first_order_equations(program.body))
-    # Every equation of one rule lists the same patterns (below), so each lists the
-    # cotangent patterns of the outputs any of them has read.
     live: dict = {}
-    for region, eqn in todo:
-        if eqn.prim.name in ("custom_vjp_call", "linear_call"):
-            live.setdefault(_same_rule_key(eqn.params), set()).update(
-                j for j, v in enumerate(eqn.outputs)
-                if region.has_users(v) or any(v is o for o in region.outvars))
     with session(**_session_options(program.body)):
-        for region, eqn in todo:
-            if "pattern_rules" not in eqn.params:
-                continue  # met again through a shared region: completed already
-            before = dict(eqn.params)
-            _complete(eqn, memo, live.get(_same_rule_key(before), set()))
-            completed.setdefault(_same_rule_key(before), eqn.params)
+        # A custom_jvp's jvp bodies traced now (patterns of a rule vjp-to-jvp made)
+        # hold linear_calls with patterns of their own: complete those next.
+        while True:
+            todo = [(region, eqn) for region, eqn in _first_order_equations(program.body)
+                    if "pattern_rules" in eqn.params]
+            if not todo:
+                break
+            # Every equation of one rule lists the same patterns (below), so each
+            # lists the cotangent patterns of the outputs any of them has read.
+            for region, eqn in todo:
+                if eqn.prim.name in ("custom_vjp_call", "linear_call"):
+                    live.setdefault(_same_rule_key(eqn.params), set()).update(
+                        j for j, v in enumerate(eqn.outputs)
+                        if region.has_users(v) or any(v is o for o in region.outvars))
+            for region, eqn in todo:
+                if "pattern_rules" not in eqn.params:
+                    continue  # met again through a shared region: completed already
+                before = dict(eqn.params)
+                _complete(eqn, memo, live.get(_same_rule_key(before), set()))
+                completed.setdefault(_same_rule_key(before), eqn.params)
     # A rule that calls itself holds the call in its own bodies: the same rule (the
     # same body regions), which must list the same patterns, or the call would be
     # another custom function in an emitted module, its bodies emitted again.

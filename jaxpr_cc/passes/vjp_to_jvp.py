@@ -365,8 +365,10 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
             # Rules these bodies call (a fwd calling its own function) get forward
             # mode, as those in the bodies traced up front did from this pass.
             fwd_f, bwd_f = _late_with_forward_mode(fwd_f), _late_with_forward_mode(bwd_f)
-            if fwd_f.consts or body(bwd_f).consts:
-                # Its bwd is transposed, which needs every value it reads as an input.
+            if body(bwd_f).consts:
+                # Its bwd is transposed, which needs every value it reads as an input
+                # (a fwd's constants -- flags built from the pattern -- stay constants
+                # of the jvp body, made now).
                 raise NotTransposableError(
                     f"{_describe(p)} reads a value, for the pattern of perturbed inputs "
                     f"{x_pattern}, that it does not read otherwise; pass that value as an "
