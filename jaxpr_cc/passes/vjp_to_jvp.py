@@ -707,10 +707,12 @@ def _late_with_forward_mode(closed):
     plain = body(closed)
     if plain.consts or not _calls_custom_vjp(plain.jaxpr):
         return closed
-    rewritten = forward_mode_region(region_from_closed_jaxpr(plain), FORWARD_MODE_PIPELINE)
-    if rewritten is None:
-        return closed
-    return marked(region_to_closed_jaxpr(rewritten), symbolic_outputs(closed))
+    # On demand, as a called Program's rules (``forward_mode_jaxpr``): the body is
+    # made while JAX differentiates the outer rule, often in reverse mode, which
+    # never runs these rules' forward mode.
+    with forward_mode_on_demand(_rewritten_rule):
+        out = region_to_closed_jaxpr(region_from_closed_jaxpr(plain))
+    return marked(out, symbolic_outputs(closed))
 
 
 def _calls_custom_vjp(jaxpr) -> bool:
