@@ -1359,6 +1359,8 @@ def _solve_tolerances(jaxpr, linear: Sequence[bool]) -> dict:
     them), so such a solve is linear in ``b``; its transpose solves the transposed
     system with the tolerances computed from the transposed right-hand side.
     The values the tolerances are computed from must be read by nothing else."""
+    if not any(e.primitive.name == "custom_linear_solve" for e in jaxpr.eqns):
+        return {}  # every scan and evaluation asks: most jaxprs have no solve
     dep = {v for v, f in zip(jaxpr.invars, linear) if f}
     producer, users = {}, {}
     for e, is_live in zip(jaxpr.eqns, _live_equations(jaxpr)):
