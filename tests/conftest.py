@@ -67,6 +67,25 @@ HEAVY = {
     "tests/test_implicit_diff_convergence.py::test_too_many_parameters_for_the_fallback_give_nan_not_a_wrong_number",
     "tests/test_implicit_diff_convergence.py::test_scalar_fixed_point_to_third_order[0.7]",
     "tests/test_implicit_diff_convergence.py::test_converged_loop_with_cap_is_implicit",
+    # the slowest cases of families whose other cases stay in the default run
+    "tests/test_fixed_point_orders.py::test_derivatives_match_the_unrolled_iteration"
+    "[closed_over_parameter-trace]",
+    "tests/test_fixed_point_orders.py::test_third_derivative_wrt_a_closed_over_parameter_in_"
+    "forward_mode_too[grad_jacfwd_grad]",
+    "tests/test_implicit_diff_certificate.py::test_a_start_the_parameter_moves_keeps_its_term_"
+    "with_every_adjoint[gmres]",
+    "tests/test_transposed_solve_tolerances.py::test_jacfwd_through_a_gmres_adjoint_equals_jax_"
+    "reverse_mode",
+    "tests/test_closure_adversary_f.py::test_staged_symbolic_zero_vjp_under_vmap[first]",
+    "tests/test_closure_adversary_f.py::test_staged_symbolic_zero_vjp_under_vmap[second]",
+    "tests/test_implicit_diff_adversary_f.py::test_a_path_far_from_the_fixed_points_"
+    "linearization_keeps_its_derivative[curved_path-1.0]",
+    "tests/test_implicit_diff_convergence.py::test_positive_scaling_and_squared_norm_are_still_"
+    "sizes",
+    "tests/test_issue18_h.py::test_device_executable_loaded_where_its_device_is_missing_is_one_line",
+    *(f"tests/test_roundtrip.py::test_trace_matches_jax_on_the_original[{name}]"
+      for name in ("17_lstm_pytree_carry", "10_reductions", "12_switch_three_branches",
+                   "04_einsum_attention", "03_batched_matmul")),
 }
 
 

@@ -1,9 +1,11 @@
 """symbolic_zeros=True custom_jvp rules see exactly JAX's perturbation pattern.
 
 Which inputs JAX perturbs is known only when the program is differentiated (a
-program input may or may not be differentiated later), so such a rule is traced
-once per pattern of its perturbable inputs and the rule JAX runs picks the one
-matching the SymbolicZero tangents it is given (docs/closure.md).  The rules here
+program input may or may not be differentiated later), so such a rule has a
+body per pattern of its perturbable inputs and the rule JAX runs picks the one
+matching the SymbolicZero tangents it is given (docs/closure.md): in process,
+each pattern is traced when JAX first gives it; a saved program or an emitted
+module holds every pattern.  The rules here
 multiply a derivative by 3 when ``b`` is not perturbed, so a rule traced with the
 wrong pattern gives a wrong number.  References: JAX running the same function.
 """
@@ -88,15 +90,21 @@ def test_rule_sees_jax_perturbation_pattern(fun, wrt_p, tmp_path):
                                        err_msg=f"{name}: {key}")
 
 
-def test_patterns_are_stored_in_the_program():
+def test_patterns_are_traced_when_given_and_stored_in_the_saved_program():
     program = jaxpr_cc.trace(plain, X, P)
     eqns = [e for _, e in program.body.walk() if e.prim.name == "custom_jvp_call"]
+    assert eqns
+    # None is traced with the program: each is traced when JAX first gives it.
+    assert all("jvp_variant_patterns" not in e.params for e in eqns)
+    assert all("pattern_rules" in e.params for e in eqns)
+    saved = loads(dumps(program))
+    eqns = [e for _, e in saved.body.walk() if e.prim.name == "custom_jvp_call"]
     assert eqns
     for eqn in eqns:
         # Two perturbable inputs: the patterns (a only) and (b only) besides (a and b).
         assert set(eqn.params["jvp_variant_patterns"]) == {(True, False), (False, True)}
         assert len(eqn.params["jvp_variants"]) == 2
-    assert "jvp_variants" in str(program)
+    assert "jvp_variants" in str(saved)
 
 
 # ------------------------------------------------------------------ custom_vjp

@@ -508,12 +508,12 @@ class TraceSession:
             try:
                 j, c, zeros = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
                                               out_avals, perturbed)
-                traced = _Traced(j, c, zeros=zeros)
-                if cjvp.symbolic_zeros and self._variants_allowed():
-                    traced.add_variants(self._trace_jvp_variants(
-                        cjvp, static, in_tree, avals, out_tree, out_avals, perturbed,
-                        (p_jaxpr, p_consts)))
-                return traced
+                # A symbolic-zeros jvp's other patterns are traced when JAX first
+                # gives them (pattern_rules_for), or when the program is saved or
+                # emitted (frontend.saved_patterns): tracing them with the program
+                # re-traces every rule the jvp calls once per pattern (optimistix's
+                # solvers: 6x the trace time).
+                return _Traced(j, c, zeros=zeros)
             except ClosureConversionError:
                 raise
             except Exception as e:  # JAX would raise it only when differentiating
@@ -526,7 +526,7 @@ class TraceSession:
         main_pattern = tuple(q for q, a in zip(perturbed, avals) if is_inexact(a))
         unchanged = self._unchanged_since_call("jvp", cjvp, static, key)
 
-        def rule_for(consts, jvp, variants=(), pattern_rules=None):
+        def rule_for(consts, jvp, variants, pattern_rules=None):
             call = _close(_with_consts(p_jaxpr, p_consts, consts))
             info = self.info(cjvp.fun, consts, [cjvp.fun, cjvp.jvp, *static])
             return JVPRule(info=_with_reverse_ok(info, call), call=call, jvp=jvp,
@@ -534,13 +534,11 @@ class TraceSession:
                            variants=variants, pattern_rules=pattern_rules)
 
         def provisional(consts):
-            # Calls from inside the rule (recursion) get its variants too, once made.
-            variants = tuple(
-                (pattern, LazyJaxpr(lambda pattern=pattern: dict(pending.rule.variants)[pattern]))
-                for pattern in _variant_patterns(avals, perturbed)) if cjvp.symbolic_zeros else ()
+            # Calls from inside the rule (recursion) get its patterns from the rule,
+            # once made.
             later = _delegate(pending, len(consts), main_pattern) if made_by else None
             return build_custom_jvp(rule_for(consts, LazyJaxpr(lambda: pending.rule.jvp),
-                                             variants, later))
+                                             (), later))
 
         def pattern_rules_for(consts) -> PatternRules:
             """The rule for the patterns JAX gives that no variant was traced for,
@@ -567,11 +565,9 @@ class TraceSession:
         def finish(t: "_Traced", consts):
             if consts is None:
                 consts = _dedupe(p_consts + t.consts)
-            variants = tuple((pattern, marked(_close(_with_consts(j, c, consts)), zeros))
-                             for pattern, j, c, zeros in t.variants)
             rule = rule_for(consts, marked(_close(_with_consts(t.first, t.first_consts, consts)),
                                            t.zeros),
-                            variants, pattern_rules_for(consts) if made_by else None)
+                            (), pattern_rules_for(consts) if made_by else None)
             return rule, consts, out_tree, build_custom_jvp(rule)
 
         pending.provisional = provisional
@@ -608,38 +604,6 @@ class TraceSession:
         store: dict = {}
         jaxpr, consts, _ = jx.trace_flat(jvp_flat, [*avals, *t_avals], "custom_jvp jvp")
         return jaxpr, consts, store["zeros"]
-
-    def _trace_jvp_variants(self, cjvp, static, in_tree, avals, out_tree, out_avals, perturbed,
-                            primal):
-        """A symbolic-zeros jvp rule traced once per pattern of perturbed inputs JAX
-        may give it when the program is differentiated: every nonempty proper subset
-        of the inputs perturbable now (the full set is the rule's main jvp).  Which
-        inputs JAX perturbs is known only then; the rule sees SymbolicZero for the
-        others, as in JAX.  Returns ``[(pattern over inexact leaves, jaxpr, consts,
-        symbolic-zero outputs)]``;
-        none beyond ``_MAX_PATTERN_INPUTS`` perturbable inputs (docs/closure.md).
-        A pattern the rule raises for raises when JAX runs it (``primal``: the
-        primal's jaxpr and closed-over values)."""
-        inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
-        out = []
-        for pattern in _variant_patterns(avals, perturbed):
-            full = [False] * len(avals)
-            for i, p in zip(inexact, pattern):
-                full[i] = p
-            zeros = ()
-            try:
-                jaxpr, consts, zeros = self._trace_jvp(cjvp, static, in_tree, avals, out_tree,
-                                                       out_avals, tuple(full))
-            except ClosureConversionError:
-                raise
-            except Exception as e:  # raises as in JAX, if JAX ever gives it this pattern
-                if jx.is_jit_reentry_error(e):
-                    raise _JitReentry() from e
-                p_jaxpr, p_consts = primal
-                jaxpr, consts = _refusing_jvp(p_jaxpr, p_consts, avals, out_avals,
-                                              _rule_error("jvp", cjvp.jvp, e))
-            out.append((pattern, jaxpr, consts, zeros))
-        return out
 
     # --------------------------------------------------------- linear_call
     def bind_linear_call(self, operands, params):
@@ -686,9 +650,10 @@ _MAX_LINEAR_NESTING = 32
 _MAX_UNFOLDING = 4
 _MATCH_RELATIVES = True  # calls of the same structure at other values are recursion
 _SETTLE_ROUNDS = 8  # a recursive rule's closed-over values settle in one or two rounds
-# A symbolic-zeros jvp rule is traced once per perturbation pattern of its perturbable
-# inputs (2**n - 2 extra traces) up to this many such inputs, with the program; the
-# other patterns are traced when JAX first gives them (``PatternRules``).
+# A symbolic-zeros custom_vjp's fwd is traced once per perturbation pattern of its
+# perturbable inputs (2**n - 2 extra traces) up to this many such inputs, with a
+# program ``jaxpr_cc.trace`` makes; the other patterns, and every pattern of a
+# custom_jvp, are traced when JAX first gives them (``PatternRules``).
 _MAX_PATTERN_INPUTS = 3
 # A symbolic-zeros custom_vjp: at most this many (fwd pattern x cotangent pattern)
 # traces; beyond it, bwd is traced with every cotangent dense for each fwd pattern.
@@ -708,11 +673,6 @@ class _Traced:
         # user's rule returned as symbolic zeros (rules.marked).
         self.zeros = tuple(zeros)
         self.consts = _dedupe(self.first_consts + self.second_consts)
-        self.variants: list = []  # (pattern, jaxpr, consts, zeros): see _trace_jvp_variants
-
-    def add_variants(self, variants: list) -> None:
-        self.variants = list(variants)
-        self.consts = _dedupe(self.consts + [c for _, _, cs, _ in variants for c in cs])
 
     fwd_variants: list = []
     bwd_variants: list = []

@@ -80,16 +80,25 @@ def complete_patterns(program):
                     continue  # met again through a shared region: completed already
                 before = dict(eqn.params)
                 _complete(eqn, memo, live.get(_same_rule_key(before), set()))
-                completed.setdefault(_same_rule_key(before), eqn.params)
+                for key in _rule_keys(before):
+                    completed.setdefault(key, eqn.params)
     # A rule that calls itself holds the call in its own bodies: the same rule (the
-    # same body regions), which must list the same patterns, or the call would be
-    # another custom function in an emitted module, its bodies emitted again.
+    # same body regions, or, in a body traced late, the same in-process rule), which
+    # must list the same patterns, or the call would be another custom function in
+    # an emitted module, its bodies emitted again, and a loaded program would run
+    # its main body for every pattern at the next order.
     for _, eqn in program.body.walk():
         if "pattern_rules" in eqn.params:
-            done = completed.get(_same_rule_key(eqn.params))
-            if done is not None:
+            same_regions, same_rule = _rule_keys(eqn.params)
+            if same_regions in completed:
+                done = completed[same_regions]
                 eqn.params = {**{k: v for k, v in eqn.params.items() if k != "pattern_rules"},
                               **{k: v for k, v in done.items() if k in _VARIANT_PARAMS}}
+            elif same_rule in completed:
+                # The same rule, its bodies converted to other regions: it takes the
+                # completed equation's bodies and table (its operands are laid out
+                # the same way).
+                eqn.params = dict(completed[same_rule])
     # A body traced now from a rule JAX staged (a custom function called under vmap)
     # holds the custom functions it calls in JAX's form, as JAX staged them: make
     # them first-order too, as closure conversion did the program's.
@@ -110,6 +119,13 @@ _VARIANT_PARAMS = frozenset({"fwd_variant_patterns", "fwd_variants", "bwd_varian
                              "bwd_variants", "jvp_variant_patterns", "jvp_variants",
                              "transpose_variant_patterns", "transpose_variants",
                              SYMBOLIC_ZERO_OUTPUTS})
+
+
+def _rule_keys(params: dict) -> list[tuple]:
+    """Keys an equation of one rule shares with the rule's other equations: its body
+    regions, and its in-process rule (a call in a body traced late binds the rule
+    the session cached, whose bodies become other regions in that body)."""
+    return [_same_rule_key(params), ("pattern_rules", id(params["pattern_rules"]))]
 
 
 def _same_rule_key(params: dict) -> tuple:
@@ -279,8 +295,14 @@ def _vjp_params(eqn, p, memo, live: set) -> dict:
     mask_of = dict(zip(bwd_have, old_masks))
     in_patterns = [q for q in _subsets(_input_universe(rules, n), n) if q != main]
     ct_patterns = list(_subsets(_live_outputs(live, out_inexact), m, nonempty=False))
+    # A family's bwd for every cotangent is what a loaded rule falls back to for a
+    # cotangent pattern not listed: each family gets it even when some output is
+    # never read (and so never in ``ct_patterns``).
+    def family_cts(f):
+        return ct_patterns if f == () or full in ct_patterns else [*ct_patterns, full]
+
     count = sum(1 for q in in_patterns if q not in fwd_have)
-    count += sum(1 for f in [(), *in_patterns] for c in ct_patterns
+    count += sum(1 for f in [(), *in_patterns] for c in family_cts(f)
                  if (f, c) not in bwd_have and not (f == () and c == full))
     if not _within_limit(eqn, p, count, "patterns of perturbed inputs and output cotangents"):
         return {}
@@ -294,7 +316,7 @@ def _vjp_params(eqn, p, memo, live: set) -> dict:
             fwd_new[q] = (_to_region(made[0], memo), made[1])
         families.append(q)
     for f in families:
-        for c in ct_patterns:
+        for c in family_cts(f):
             if (f, c) in bwd_new or (f == () and c == full):
                 continue
             made = rules.get(("bwd", f or main, c), const_avals)
