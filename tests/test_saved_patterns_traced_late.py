@@ -109,3 +109,23 @@ def test_trace_makes_no_custom_jvp_pattern_up_front():
     program = jaxpr_cc.trace(recursive_sum, X, P)
     eqns = [e for _, e in program.body.walk() if e.prim.name == "custom_jvp_call"]
     assert eqns and not any("jvp_variants" in e.params for e in eqns)
+
+
+def both_outputs(x, p):
+    y1, y2 = two_outputs(x, p)
+    return jnp.sum(y1 * 0.5 + y2)
+
+
+@pytest.mark.parametrize("fn", [first_output_only, both_outputs])
+def test_forward_mode_rewrite_of_late_patterns_saves_and_loads(fn):
+    """vjp-to-jvp on a program whose patterns are traced when given: completing them
+    for the file rewrites the bodies' own calls of the rule now (it once left them as
+    on-demand Python callables, which no file can hold)."""
+    rewritten = jaxpr_cc.run_passes(jaxpr_cc.jit(fn).program(X, P), "vjp-to-jvp")
+    loaded = loads(dumps(rewritten))
+    grad = jax.grad(fn)(X, P)  # JAX has no forward mode through a custom_vjp
+    np.testing.assert_allclose(np.asarray(jax.grad(loaded)(X, P)), np.asarray(grad), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.jvp(lambda x: loaded(x, P), (X,), (T,))[1]),
+                               np.asarray(grad @ T), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.hessian(loaded)(X, P)),
+                               np.asarray(jax.jacrev(jax.grad(fn))(X, P)), rtol=1e-5, atol=1e-6)

@@ -254,6 +254,24 @@ def forward_mode_on_demand(make: Callable):
         _on_demand.make = prev
 
 
+@contextlib.contextmanager
+def forward_mode_as_regions():
+    """Rule bodies traced late inside (``saved_patterns.complete_patterns``) get
+    their forward mode rewritten now, into regions a saved program or an emitted
+    module can hold, rather than made on demand (``forward_mode_on_demand``: a
+    Python callable, in-process only)."""
+    prev = getattr(_on_demand, "as_regions", False)
+    _on_demand.as_regions = True
+    try:
+        yield
+    finally:
+        _on_demand.as_regions = prev
+
+
+def forward_mode_is_made_as_regions() -> bool:
+    return getattr(_on_demand, "as_regions", False)
+
+
 def export_params(name: str, params: dict, in_avals, from_region: Callable) -> tuple[Any, dict]:
     """(primitive, JAX params) for a first-order custom equation."""
     from .. import jax_adapter as jx

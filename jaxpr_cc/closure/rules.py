@@ -108,7 +108,7 @@ class PatternRules:
 
     Passes may append operands to the rule's closed-over group (hoisting constants
     into it); ``get`` gives a body unused inputs for them, so it fits the equation."""
-    __slots__ = ("_make", "_made", "num_consts", "main")
+    __slots__ = ("_make", "_made", "num_consts", "main", "__weakref__")
 
     def __init__(self, make, num_consts: int, main: tuple | None = None):
         self._make, self._made, self.num_consts = make, {}, int(num_consts)

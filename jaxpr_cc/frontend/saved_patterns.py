@@ -27,7 +27,8 @@ from __future__ import annotations
 import warnings
 from itertools import product
 
-from ..closure.ir_rules import (FIRST_ORDER_KEYS, SYMBOLIC_ZERO_OUTPUTS, is_first_order_custom,
+from ..closure.ir_rules import (FIRST_ORDER_KEYS, SYMBOLIC_ZERO_OUTPUTS,
+                                forward_mode_as_regions, is_first_order_custom,
                                 symbolic_zero_masks)
 from ..closure.rules import body, is_inexact, symbolic_outputs
 from ..ir.layouts import closed_over_count
@@ -60,7 +61,7 @@ def complete_patterns(program):
     # traced with the program do: a session is active while they are traced.
     completed: dict = {}
     live: dict = {}
-    with session(**_session_options(program.body)):
+    with session(**_session_options(program.body)), forward_mode_as_regions():
         # A custom_jvp's jvp bodies traced now (patterns of a rule vjp-to-jvp made)
         # hold linear_calls with patterns of their own: complete those next.
         while True:

@@ -56,6 +56,7 @@ the user's function name.  A rule that calls itself is one function, rewritten o
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -63,8 +64,9 @@ import numpy as np
 
 from .. import jax_adapter as jx
 from ..backends.jaxpr import region_to_closed_jaxpr
-from ..closure.ir_rules import (SYMBOLIC_ZERO_OUTPUTS, forward_mode_on_demand,
-                                is_first_order_custom, symbolic_zero_masks)
+from ..closure.ir_rules import (SYMBOLIC_ZERO_OUTPUTS, forward_mode_is_made_as_regions,
+                                forward_mode_on_demand, is_first_order_custom,
+                                symbolic_zero_masks)
 from ..closure.rules import (LinearRule, PatternRules, RuleInfo, _pe_bind_consts,
                              bind_linear_rule, body, is_inexact, marked, run,
                              symbolic_outputs)
@@ -374,12 +376,23 @@ def build_jvp_params(p: dict, *, untransposable: str = "error",
                     f"{x_pattern}, that it does not read otherwise; pass that value as an "
                     f"argument", None, "a value read for one pattern only")
             return jvp_for(fwd_f, n_res, bwd_f, (), x_pattern, as_jaxpr=True)
-        params["pattern_rules"] = PatternRules(make_jvp, params["num_consts"], made.main)
+        # One PatternRules per rewritten rule: a call of the rule in a body traced
+        # late (a fwd calling its own function) is rewritten to the same one, which
+        # is how a saved program recognizes it as the same rule (recursion).
+        memo_key = (tuple(c_avals), consts_linear)
+        shared = _REWRITTEN_PATTERN_RULES.setdefault(made, {})
+        if memo_key not in shared:
+            shared[memo_key] = PatternRules(make_jvp, params["num_consts"], made.main)
+        params["pattern_rules"] = shared[memo_key]
     params.update({f: p[f] for f in _INFO_FIELDS})
     params["written_as"] = "vjp"  # errors name the custom_vjp the user wrote
     if consts_linear:
         params["const_names"] = ()  # the closed-over values are ordinary inputs now
     return params
+
+
+_REWRITTEN_PATTERN_RULES: "weakref.WeakKeyDictionary[PatternRules, dict]" = \
+    weakref.WeakKeyDictionary()
 
 
 def _families(p: dict, nr: int, n_ct: int, exported: dict) -> dict:
@@ -707,6 +720,11 @@ def _late_with_forward_mode(closed):
     plain = body(closed)
     if plain.consts or not _calls_custom_vjp(plain.jaxpr):
         return closed
+    if forward_mode_is_made_as_regions():  # for a saved program: rewritten now
+        rewritten = forward_mode_region(region_from_closed_jaxpr(plain),
+                                        "vjp-to-jvp{on-failure=keep}")
+        out = plain if rewritten is None else region_to_closed_jaxpr(rewritten)
+        return marked(out, symbolic_outputs(closed))
     # On demand, as a called Program's rules (``forward_mode_jaxpr``): the body is
     # made while JAX differentiates the outer rule, often in reverse mode, which
     # never runs these rules' forward mode.
