@@ -1271,6 +1271,10 @@ def _bind_linear_while(eqn, invals, flags, used):
     return outs, list(carry_lin)
 
 
+def _floating(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.inexact)
+
+
 #: Steps after which the transposed iteration of a loop to convergence without
 #: an iteration cap gives up (its results are then NaN): an iteration that
 #: neither converges nor overflows (a rotation) would otherwise run forever.
@@ -1295,15 +1299,22 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
     ``n_init``) says whether the loop may take another step.  A loop stopped by
     its cap ran exactly that many steps, whatever the linear input: the
     transposed iteration stops there too, the exact transpose of those steps."""
+    # Sizes are compared in the widest precision of the values: a float64 state
+    # past float32's range would be inf in float32, and inf > inf reads as settled.
+    wide = max((jnp.finfo(a.dtype).dtype for a in const_avals if _floating(a.dtype)),
+               key=lambda d: d.itemsize, default=jnp.dtype(jnp.float32))
+    wide = max([wide, *(jnp.finfo(x.dtype).dtype for x in l_bar if _floating(x.dtype))],
+               key=lambda d: d.itemsize)
+
     def size(xs):
-        return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0).astype(jnp.float32)
-                                              for x in xs], jnp.float32(0))
+        return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0).astype(wide)
+                                              for x in xs], jnp.zeros((), wide))
 
     def scaled_size(xs):
         # Each part's change measured in its own precision's units (eps).
         return functools.reduce(
             jnp.maximum, [(jnp.max(jnp.abs(x), initial=0.0) / jnp.finfo(x.dtype).eps)
-                          .astype(jnp.float32) for x in xs], jnp.float32(0))
+                          .astype(wide) for x in xs], jnp.zeros((), wide))
 
     def may_step(n_vals):
         """(whether the cap lets the loop step, whether lanes of a batched loop
@@ -1319,22 +1330,24 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
         return functools.reduce(jnp.logical_and, [change, may_step(n_vals)[0], k < _LIMIT_STEPS])
 
     def step(state):
-        v, acc, n_vals, _, split_lanes, k = state
+        v, acc, n_vals, _, give_up, k = state
         g_c, v_new = step_t(v)
         acc_new = [a + g for a, g in zip(acc, g_c)]
         moved = scaled_size([*[a - b for a, b in zip(v_new, v)], *g_c])
-        # `moved > scale` is False for NaN: a diverging iteration stops too.
-        change = moved > size([*v_new, *acc_new, *l_bar])
-        split_lanes = jnp.logical_or(split_lanes, may_step(n_vals)[1])
-        return list(v_new), acc_new, n_step(n_vals), change, split_lanes, k + 1
+        scale = size([*v_new, *acc_new, *l_bar])
+        # A diverging iteration overflows: it stops there, with no limit to give.
+        diverged = jnp.logical_not(jnp.isfinite(scale))
+        change = jnp.logical_and(moved > scale, jnp.logical_not(diverged))
+        give_up = functools.reduce(jnp.logical_or, [give_up, may_step(n_vals)[1], diverged])
+        return list(v_new), acc_new, n_step(n_vals), change, give_up, k + 1
 
     acc0 = [jnp.zeros(a.shape, a.dtype) for a in const_avals]
-    v, acc, n_vals, change, split_lanes, _ = jax.lax.while_loop(
+    v, acc, n_vals, change, give_up, _ = jax.lax.while_loop(
         keep_going, step, (list(l_bar), acc0, list(n_init), jnp.bool_(True), jnp.bool_(False),
                            jnp.int32(0)))
-    # Still changing and not stopped by the cap (no limit to give), or stopped
-    # by caps that differ between lanes: NaN rather than another map's transpose.
-    unsettled = jnp.logical_or(jnp.logical_and(change, may_step(n_vals)[0]), split_lanes)
+    # Still changing and not stopped by the cap (no limit to give), diverged, or
+    # stopped by caps that differ between lanes: NaN rather than another number.
+    unsettled = jnp.logical_or(jnp.logical_and(change, may_step(n_vals)[0]), give_up)
     return [jnp.where(unsettled, jnp.nan, x).astype(x.dtype) for x in [*acc, *v]]
 
 
