@@ -50,3 +50,47 @@ def test_a_diverging_transposed_iteration_is_nan(x64):
         _, tangent = jax.jvp(jaxpr_cc.jit(doubled), (x,), (jnp.array([1.0, 0.0], dtype),))
         assert tangent.dtype == dtype
         assert np.all(np.isnan(np.asarray(tangent))), tangent
+
+
+def _tutorial_fixed_point(f, a, x_guess):
+    """The JAX tutorial's fixed_point, its bwd an adjoint fixed-point iteration."""
+    @jax.custom_vjp
+    def solve(a, x_guess):
+        def keep_going(c):
+            prev, x = c
+            return jnp.max(jnp.abs(prev - x)) > 1e-6 * (1.0 + jnp.max(jnp.abs(x)))
+        return lax.while_loop(keep_going, lambda c: (c[1], f(a, c[1])), (x_guess, f(a, x_guess)))[1]
+
+    def solve_fwd(a, x_guess):
+        x = solve(a, x_guess)
+        return x, (a, x)
+
+    def solve_bwd(res, x_bar):
+        a, x = res
+        _, vjp_x = jax.vjp(lambda x: f(a, x), x)
+        _, vjp_a = jax.vjp(lambda a: f(a, x), a)
+
+        def keep_going(c):
+            prev, u = c
+            return jnp.max(jnp.abs(prev - u)) > 1e-10 * (1.0 + jnp.max(jnp.abs(u)))
+        u = lax.while_loop(keep_going, lambda c: (c[1], x_bar + vjp_x(c[1])[0]),
+                           (x_bar, x_bar + vjp_x(x_bar)[0]))[1]
+        return vjp_a(u)[0], jnp.zeros_like(x)
+
+    solve.defvjp(solve_fwd, solve_bwd)
+    return solve(a, x_guess)
+
+
+def cube_root(a):
+    # the update's derivative at the fixed point is -1/2: the adjoint converges linearly
+    return _tutorial_fixed_point(lambda a, x: (x + a / x ** 2) / 2.0, a, a)
+
+
+@pytest.mark.parametrize("scale", [1e60, 1e300, 1e-100, 1e-250])
+def test_a_converging_transposed_iteration_is_exact_beyond_float32s_range(scale):
+    """The transposed limit compared sizes in float32: past its range both sides
+    were inf (or 0), and the iteration stopped after a step (12% off)."""
+    with jax.enable_x64(True):
+        a = jnp.float64(3.0)
+        _, tangent = jax.jvp(jaxpr_cc.jit(cube_root), (a,), (jnp.float64(scale),))
+        np.testing.assert_allclose(float(tangent) / scale, (1 / 3) * 3.0 ** (-2 / 3), rtol=1e-6)
