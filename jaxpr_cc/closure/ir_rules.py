@@ -85,20 +85,27 @@ def _info_from(params: dict) -> RuleInfo:
 
 
 # ------------------------------------------------------------------ import
+def _region_of(closed, to_region: Callable):
+    """The region for a rule body: the one it was exported from, if any (see
+    ``LazyJaxpr.source``), else the body imported."""
+    source = closed.source if type(closed) is LazyJaxpr else None
+    return source if source is not None else to_region(body(closed))
+
+
 def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
-    p = {"call_jaxpr": to_region(rule.call), "fwd_jaxpr": to_region(body(rule.fwd)),
-         "bwd_jaxpr": to_region(body(rule.bwd))}
+    p = {"call_jaxpr": to_region(rule.call), "fwd_jaxpr": _region_of(rule.fwd, to_region),
+         "bwd_jaxpr": _region_of(rule.bwd, to_region)}
     p.update(num_consts=rule.num_consts, num_res=rule.num_res,
              symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
     if rule.fwd_variants:  # only symbolic-zeros rules have them: other params unchanged
         p["fwd_variant_patterns"] = tuple((_bools(pattern), int(n))
                                           for pattern, _, n in rule.fwd_variants)
-        p["fwd_variants"] = tuple(to_region(body(f)) for _, f, _ in rule.fwd_variants)
+        p["fwd_variants"] = tuple(_region_of(f, to_region) for _, f, _ in rule.fwd_variants)
     if rule.bwd_variants:
         p["bwd_variant_patterns"] = tuple((_bools(family), _bools(ct))
                                           for family, ct, _ in rule.bwd_variants)
-        p["bwd_variants"] = tuple(to_region(body(b)) for _, _, b in rule.bwd_variants)
+        p["bwd_variants"] = tuple(_region_of(b, to_region) for _, _, b in rule.bwd_variants)
     _symbolic_zeros_param(p, [rule.bwd, *(b for _, _, b in rule.bwd_variants)])
     if rule.pattern_rules is not None:
         p["pattern_rules"] = rule.pattern_rules
@@ -128,13 +135,13 @@ def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
     if rule.forward_only_levels is not None:
         p[FORWARD_ONLY_PARAM] = rule.forward_only_levels
     else:
-        p["jvp_jaxpr"] = to_region(body(rule.jvp))
+        p["jvp_jaxpr"] = _region_of(rule.jvp, to_region)
     p.update(num_consts=rule.num_consts, symbolic_zeros=rule.symbolic_zeros)
     p.update(_info_params(rule.info))
     if rule.variants:  # only symbolic-zeros rules have them: other params unchanged
         p["jvp_variant_patterns"] = tuple(tuple(bool(b) for b in pattern)
                                           for pattern, _ in rule.variants)
-        p["jvp_variants"] = tuple(to_region(body(v)) for _, v in rule.variants)
+        p["jvp_variants"] = tuple(_region_of(v, to_region) for _, v in rule.variants)
     if rule.forward_only_levels is None:
         _symbolic_zeros_param(p, [rule.jvp, *(v for _, v in rule.variants)])
     if rule.pattern_rules is not None:
@@ -143,11 +150,13 @@ def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
 
 
 def _import_linear(jparams: dict, rule: LinearRule, to_region: Callable) -> dict:
-    p = {"callee": to_region(rule.callee), "transpose_jaxpr": to_region(body(rule.transpose))}
+    p = {"callee": to_region(rule.callee),
+         "transpose_jaxpr": _region_of(rule.transpose, to_region)}
     p.update(num_callee_consts=0, num_res=rule.num_res)
     if rule.transpose_variants:  # a symbolic-zeros bwd per cotangent pattern (vjp-to-jvp)
         p["transpose_variant_patterns"] = tuple(_bools(ct) for ct, _ in rule.transpose_variants)
-        p["transpose_variants"] = tuple(to_region(body(t)) for _, t in rule.transpose_variants)
+        p["transpose_variants"] = tuple(_region_of(t, to_region)
+                                        for _, t in rule.transpose_variants)
     _symbolic_zeros_param(p, [rule.transpose, *(t for _, t in rule.transpose_variants)])
     if rule.pattern_rules is not None:
         p["pattern_rules"] = rule.pattern_rules
@@ -188,10 +197,10 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
 
     def lazy(key, zeros=()):
         region = params[key]
-        return LazyJaxpr(lambda: exported(region), zeros)
+        return LazyJaxpr(lambda: exported(region), zeros, source=region)
 
     def lazy_region(region, zeros=()):
-        return LazyJaxpr(lambda: exported(region), zeros)
+        return LazyJaxpr(lambda: exported(region), zeros, source=region)
 
     if name == "custom_vjp_call":
         fwd_variants = tuple(

@@ -46,12 +46,16 @@ class LazyJaxpr:
     returned as symbolic zeros (``SymbolicZero`` or ``None``): a traced body holds a
     dense zero there, and the rebuilt rule hands JAX a symbolic zero again, so a rule
     downstream sees that output unperturbed, as in JAX (``symbolic_outputs``)."""
-    __slots__ = ("_make", "_value", "_zeros")
+    __slots__ = ("_make", "_value", "_zeros", "source")
 
-    def __init__(self, make, zeros: tuple | None = None):
+    def __init__(self, make, zeros: tuple | None = None, source=None):
         self._make = make
         self._value = None
         self._zeros = None if zeros is None else _mask(zeros)
+        # The IR region the body is exported from, when it is one (a rule rebuilt
+        # from a program's params): importing the rule back takes the region itself
+        # instead of exporting and re-importing it.
+        self.source = source
 
     def get(self):
         if self._value is None:
