@@ -438,6 +438,15 @@ def _forward_only_first_order(f, levels: int, first: bool = True, traced: dict |
     return apply
 
 
+# ``closed`` -> the same body with forward mode through the custom_vjp rules it
+# calls; vjp-to-jvp registers its rewrite (``register_forward_mode_body``).
+_FORWARD_MODE_BODY: list = [lambda closed: closed]
+
+
+def register_forward_mode_body(rewrite) -> None:
+    _FORWARD_MODE_BODY[0] = rewrite
+
+
 def forward_only_rule(call, num_consts: int, levels: int, info: "RuleInfo | None" = None):
     """The first-order rule of ``forward_only(f, levels)`` for ``f`` traced as ``call``
     ((c, x) -> y, its own constants ``c`` the ``num_consts`` leading operands).
@@ -452,8 +461,14 @@ def forward_only_rule(call, num_consts: int, levels: int, info: "RuleInfo | None
     out_avals = call.out_avals
     hot = [k for k, a in enumerate(arg_avals) if is_inexact(a)]
 
+    with_forward_mode: list = []
+
     def plain(*vs):  # f at (c, x)
-        return run(call, *vs)
+        # Differentiated in forward mode by the jvp below: through the custom_vjp
+        # rules ``call`` holds too (a solver whose update calls another solver).
+        if not with_forward_mode:
+            with_forward_mode.append(_FORWARD_MODE_BODY[0](call))
+        return run(with_forward_mode[0], *vs)
 
     def jvp_body(*ops):
         c, x, t = ops[:nc], ops[nc:nc + len(arg_avals)], ops[nc + len(arg_avals):]

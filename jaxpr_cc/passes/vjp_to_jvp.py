@@ -68,8 +68,8 @@ from ..closure.ir_rules import (SYMBOLIC_ZERO_OUTPUTS, forward_mode_is_made_as_r
                                 forward_mode_on_demand, is_first_order_custom,
                                 symbolic_zero_masks)
 from ..closure.rules import (LinearRule, PatternRules, RuleInfo, _pe_bind_consts,
-                             bind_linear_rule, body, is_inexact, marked, run,
-                             symbolic_outputs)
+                             bind_linear_rule, body, is_inexact, marked,
+                             register_forward_mode_body, run, symbolic_outputs)
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
 from ..ir.equation import Equation
 from ..ir.region import Region
@@ -771,3 +771,27 @@ def forward_mode_region(call, pipeline: str | None = None):
 
 
 _FORWARD_PRIMAL_PIPELINE = "vjp-to-jvp{on-failure=keep untransposable=primal}"
+
+
+def _body_with_forward_mode(closed):
+    """A rule body (``forward_only``'s call, differentiated in forward mode by its
+    own jvp) with forward mode through every custom_vjp it calls: those JAX staged
+    (a bwd's own ``jax.vjp`` of an update that calls another solver) made
+    first-order first, then all given their forward mode on demand."""
+    from jax import tree_util
+
+    from ..frontend.staged_rules import convert_program
+    from ..ir.program import Program
+    plain = body(closed)
+    if plain.consts or not _calls_custom_vjp(plain.jaxpr):
+        return plain
+    region = region_from_closed_jaxpr(plain)
+    n_in, n_out = len(region.invars), len(region.outvars)
+    program = Program(region, tree_util.tree_structure((tuple(range(n_in)), {})),
+                      tree_util.tree_structure(list(range(n_out))), name="forward_only")
+    convert_program(program)
+    with forward_mode_on_demand(_rewritten_rule):
+        return region_to_closed_jaxpr(program.body)
+
+
+register_forward_mode_body(_body_with_forward_mode)
