@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from typing import Any, Callable
 
 from .rules import (JVPRule, LazyJaxpr, LinearRule, RuleInfo, VJPRule, bind_linear_rule, body,
@@ -87,13 +88,32 @@ def _info_from(params: dict) -> RuleInfo:
 # ------------------------------------------------------------------ import
 def _region_of(closed, to_region: Callable):
     """The region for a rule body: the one it was exported from, if any (see
-    ``LazyJaxpr.source``), else the body imported."""
-    source = closed.source if type(closed) is LazyJaxpr else None
+    ``LazyJaxpr.source`` and ``_exported_call``), else the body imported."""
+    if type(closed) is LazyJaxpr:
+        source = closed.source
+    else:
+        hit = _CALL_SOURCES.get(id(closed))
+        source = hit[1] if hit is not None and hit[0]() is closed else None
     return source if source is not None else to_region(body(closed))
 
 
+# A rule's call (or callee) exported from a program's region -> that region, so the
+# rule imports back to it, as its LazyJaxpr bodies do (keyed by id, with a weak
+# reference that drops the entry with the jaxpr).
+_CALL_SOURCES: dict[int, tuple[Any, Any]] = {}
+
+
+def _exported_call(region, from_region: Callable):
+    closed = from_region(region)
+    key = id(closed)
+    _CALL_SOURCES[key] = (weakref.ref(closed, lambda _, key=key: _CALL_SOURCES.pop(key, None)),
+                          region)
+    return closed
+
+
 def _import_vjp(jparams: dict, rule: VJPRule, to_region: Callable) -> dict:
-    p = {"call_jaxpr": to_region(rule.call), "fwd_jaxpr": _region_of(rule.fwd, to_region),
+    p = {"call_jaxpr": _region_of(rule.call, to_region),
+         "fwd_jaxpr": _region_of(rule.fwd, to_region),
          "bwd_jaxpr": _region_of(rule.bwd, to_region)}
     p.update(num_consts=rule.num_consts, num_res=rule.num_res,
              symbolic_zeros=rule.symbolic_zeros)
@@ -131,7 +151,7 @@ def symbolic_zero_masks(params: dict, n: int) -> list:
 
 
 def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
-    p = {"call_jaxpr": to_region(rule.call)}
+    p = {"call_jaxpr": _region_of(rule.call, to_region)}
     if rule.forward_only_levels is not None:
         p[FORWARD_ONLY_PARAM] = rule.forward_only_levels
     else:
@@ -150,7 +170,7 @@ def _import_jvp(jparams: dict, rule: JVPRule, to_region: Callable) -> dict:
 
 
 def _import_linear(jparams: dict, rule: LinearRule, to_region: Callable) -> dict:
-    p = {"callee": to_region(rule.callee),
+    p = {"callee": _region_of(rule.callee, to_region),
          "transpose_jaxpr": _region_of(rule.transpose, to_region)}
     p.update(num_callee_consts=0, num_res=rule.num_res)
     if rule.transpose_variants:  # a symbolic-zeros bwd per cotangent pattern (vjp-to-jvp)
@@ -213,14 +233,16 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
             (tuple(family), tuple(ct), lazy_region(region, zeros))
             for (family, ct), region, zeros in zip(params.get("bwd_variant_patterns", ()),
                                                    regions, masks[1:]))
-        return VJPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
+        return VJPRule(info=_info_from(params),
+                       call=_exported_call(params["call_jaxpr"], from_region),
                        fwd=lazy("fwd_jaxpr"), bwd=lazy("bwd_jaxpr", masks[0]),
                        num_consts=params["num_consts"], num_res=params["num_res"],
                        symbolic_zeros=params["symbolic_zeros"],
                        fwd_variants=fwd_variants, bwd_variants=bwd_variants,
                        pattern_rules=params.get("pattern_rules"))
     if name == "custom_jvp_call" and FORWARD_ONLY_PARAM in params:
-        return forward_only_rule(from_region(params["call_jaxpr"]), params["num_consts"],
+        return forward_only_rule(_exported_call(params["call_jaxpr"], from_region),
+                                 params["num_consts"],
                                  params[FORWARD_ONLY_PARAM], _info_from(params))
     if name == "custom_jvp_call":
         regions = params.get("jvp_variants", ())
@@ -229,7 +251,8 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
             (tuple(pattern), lazy_region(region, zeros))
             for pattern, region, zeros in zip(params.get("jvp_variant_patterns", ()),
                                               regions, masks[1:]))
-        return JVPRule(info=_info_from(params), call=from_region(params["call_jaxpr"]),
+        return JVPRule(info=_info_from(params),
+                       call=_exported_call(params["call_jaxpr"], from_region),
                        jvp=lazy("jvp_jaxpr", masks[0]), num_consts=params["num_consts"],
                        symbolic_zeros=params["symbolic_zeros"], variants=variants,
                        pattern_rules=params.get("pattern_rules"))
@@ -240,7 +263,7 @@ def _rule_from_params(name: str, params: dict, from_region: Callable):
         (tuple(ct), lazy_region(region, zeros))
         for ct, region, zeros in zip(params.get("transpose_variant_patterns", ()), regions,
                                      masks[1:]))
-    return LinearRule(info=info, callee=from_region(params["callee"]),
+    return LinearRule(info=info, callee=_exported_call(params["callee"], from_region),
                       transpose=lazy("transpose_jaxpr", masks[0]), num_res=params["num_res"],
                       transpose_variants=transpose_variants,
                       pattern_rules=params.get("pattern_rules"))
