@@ -693,18 +693,14 @@ def forward_mode_jaxpr(program):
 def _rewritten_rule(params: dict, in_avals: list):
     """The custom_vjp rule ``params`` as ``with_forward_mode`` rewrites it, as a
     ``jax.custom_jvp`` function of its operands; None when the rewrite keeps it."""
-    from jax import tree_util
-
     from ..closure.ir_rules import _rule_from_params
     from ..closure.rules import build_custom_jvp
-    from ..ir.program import Program
     region = Region()
     ins = [region.add_input(a) for a in in_avals]
     outs = [Value(v.aval) for v in params["call_jaxpr"].outvars]
     region.append(Equation(jx.custom_vjp_call_p, ins, outs, dict(params)))
     region.set_outvars(outs)
-    program = Program(region, tree_util.tree_structure((tuple(ins), {})),
-                      tree_util.tree_structure(list(outs)), name=params.get("name", "rule"))
+    program = _flat_program(region, params.get("name", "rule"))
     (eqn,) = with_forward_mode(program).body.equations
     if eqn.prim.name != "custom_jvp_call":
         return None
@@ -751,13 +747,8 @@ def forward_mode_region(call, pipeline: str | None = None):
     """``call`` with forward mode through the custom_vjp rules it calls (a rewritten
     copy), or None when it calls none.  ``pipeline``: the rewrite (default: a rule
     whose bwd cannot be transposed takes its tangent from its own primal)."""
-    from jax import tree_util
-
-    from ..ir.program import Program
     from .manager import run_passes
-    n_in, n_out = len(call.invars), len(call.outvars)
-    program = Program(call, tree_util.tree_structure((tuple(range(n_in)), {})),
-                      tree_util.tree_structure(list(range(n_out))), name="primal")
+    program = _flat_program(call, "primal")
     if not has_custom_vjp(program):
         return None
     # As the Program's own rewrite does for a primal whose forward columns are formed
@@ -773,22 +764,25 @@ def forward_mode_region(call, pipeline: str | None = None):
 _FORWARD_PRIMAL_PIPELINE = "vjp-to-jvp{on-failure=keep untransposable=primal}"
 
 
+def _flat_program(region: Region, name: str):
+    """``region`` as a Program taking and returning flat positional values."""
+    from jax import tree_util
+
+    from ..ir.program import Program
+    return Program(region, tree_util.tree_structure((tuple(range(len(region.invars))), {})),
+                   tree_util.tree_structure(list(range(len(region.outvars)))), name=name)
+
+
 def _body_with_forward_mode(closed):
     """A rule body (``forward_only``'s call, differentiated in forward mode by its
     own jvp) with forward mode through every custom_vjp it calls: those JAX staged
     (a bwd's own ``jax.vjp`` of an update that calls another solver) made
     first-order first, then all given their forward mode on demand."""
-    from jax import tree_util
-
     from ..frontend.staged_rules import convert_program
-    from ..ir.program import Program
     plain = body(closed)
     if plain.consts or not _calls_custom_vjp(plain.jaxpr):
         return plain
-    region = region_from_closed_jaxpr(plain)
-    n_in, n_out = len(region.invars), len(region.outvars)
-    program = Program(region, tree_util.tree_structure((tuple(range(n_in)), {})),
-                      tree_util.tree_structure(list(range(n_out))), name="forward_only")
+    program = _flat_program(region_from_closed_jaxpr(plain), "forward_only")
     convert_program(program)
     with forward_mode_on_demand(_rewritten_rule):
         return region_to_closed_jaxpr(program.body)
