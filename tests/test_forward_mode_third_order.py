@@ -119,3 +119,20 @@ def test_second_order_through_a_solver_whose_update_calls_a_solver(order):
     got = SECOND_ORDER[order](jaxpr_cc.jit(nested_closed_over))(c, a)
     want = SECOND_ORDER[order](nested_closed_over_exact)(c, a)
     np.testing.assert_allclose(float(got), float(want), rtol=1e-4)
+
+
+def test_a_rule_staged_with_an_ended_trace_value_gives_advice_a_trace_user_can_follow():
+    """Nested fixed points whose inner update closes over the differentiated b: JAX
+    leaks a tracer here, so the refusal is right, but it told jaxpr_cc.trace users to
+    trace with jaxpr_cc.trace (adversary stop 30)."""
+    def outer(b):
+        inner = lambda a, z: 0.4 * jnp.tanh(0.3 * z + a * b)  # noqa: E731
+        def update(a, x):
+            return 0.3 * jnp.sin(b * x) + 0.2 * fixed_point(inner, a * x, jnp.zeros(2))
+        return jnp.sum(fixed_point(update, jnp.array([0.2, 0.1]) * b, jnp.zeros(2)) ** 2)
+
+    with pytest.raises(jaxpr_cc.ClosureConversionError) as raised:
+        jaxpr_cc.trace(outer, jnp.float32(0.8))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "pass that value to the custom function as an argument" in message

@@ -188,8 +188,10 @@ def _fail(kind: str, fn: Any, err: Exception) -> ClosureConversionError:
     return ClosureConversionError(
         f"custom_{kind} rule '{naming.name_of(target)}' ({naming.source_of(target)}) cannot be "
         f"materialized: it closes over a value of a trace that has ended ({type(err).__name__}: "
-        f"{first}); trace the program with jaxpr_cc.trace, which materializes rules while the "
-        f"trace is live")
+        f"{first}); a JAX transformation inside the function (jax.vjp, jvp, vmap) staged it "
+        f"with a value of its own: pass that value to the custom function as an argument "
+        f"(for a program made from a jaxpr, tracing the function with jaxpr_cc.trace "
+        f"materializes rules while the trace is live)")
 
 
 def _trace(kind, fn_for_errors, f, avals, label):
