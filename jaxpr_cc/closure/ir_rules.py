@@ -273,35 +273,33 @@ _on_demand = threading.local()
 
 
 @contextlib.contextmanager
+def _on_demand_setting(name: str, value):
+    prev = getattr(_on_demand, name, None)
+    setattr(_on_demand, name, value)
+    try:
+        yield
+    finally:
+        setattr(_on_demand, name, prev)
+
+
 def forward_mode_on_demand(make: Callable):
     """Export every ``custom_vjp_call`` as a ``custom_jvp`` whose jvp is
     ``make(params, in_avals)`` (a ``jax.custom_jvp`` function, or None to keep
     JAX's custom_vjp semantics), made when JAX first differentiates the call
     (``rules.build_forward_mode_on_demand``)."""
-    prev = getattr(_on_demand, "make", None)
-    _on_demand.make = make
-    try:
-        yield
-    finally:
-        _on_demand.make = prev
+    return _on_demand_setting("make", make)
 
 
-@contextlib.contextmanager
 def forward_mode_as_regions():
     """Rule bodies traced late inside (``saved_patterns.complete_patterns``) get
     their forward mode rewritten now, into regions a saved program or an emitted
     module can hold, rather than made on demand (``forward_mode_on_demand``: a
     Python callable, in-process only)."""
-    prev = getattr(_on_demand, "as_regions", False)
-    _on_demand.as_regions = True
-    try:
-        yield
-    finally:
-        _on_demand.as_regions = prev
+    return _on_demand_setting("as_regions", True)
 
 
 def forward_mode_is_made_as_regions() -> bool:
-    return getattr(_on_demand, "as_regions", False)
+    return bool(getattr(_on_demand, "as_regions", False))
 
 
 def export_params(name: str, params: dict, in_avals, from_region: Callable) -> tuple[Any, dict]:
