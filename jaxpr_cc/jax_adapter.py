@@ -419,6 +419,9 @@ def to_cotangent_aval(aval):
 
 
 UnexpectedTracerError = jax.errors.UnexpectedTracerError
+# What JAX's staged custom_vjp fwd raises when asked to perturb a value the rule's
+# primal closed over (JAX lifted it into the re-bound call's leading arguments).
+from jax._src.interpreters.ad import CustomVJPException  # noqa: E402
 
 
 def maybe_perturbed(x) -> bool:

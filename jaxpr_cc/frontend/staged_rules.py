@@ -175,7 +175,8 @@ class _Same:
 def _call_converted(region: Region, eqn: Equation, params: dict, extra: list) -> None:
     """``eqn`` becomes a call of an equation already converted (its params: shared
     regions), with the values that conversion closed over as constants here."""
-    nc = eqn.params["num_consts"]
+    # The converted operands: (jax consts, lifted arguments, extra, args).
+    nc = params["num_consts"] - len(extra)
     ops = list(eqn.inputs)
     _replace_equation(region, eqn, ops[:nc] + _new_consts(region, eqn, extra) + ops[nc:],
                       params)
@@ -220,17 +221,22 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
     ops = list(eqn.inputs)
     arg_avals = [a.aval for a in ops[nc:]]
     thunk, bwd_fn = p["fwd_jaxpr_thunk"], p["bwd"]
+    # A custom_vjp JAX re-bound from a staged call (``jax.vjp`` inside a rule) takes
+    # the values the original rule's primal closed over as its leading arguments, and
+    # its fwd refuses to perturb them (CustomVJPException).  Those ``lifted``
+    # arguments join the rule's closed-over group: their derivative is formed as for
+    # any closed-over value (docs/closure.md), where JAX raises.
+    lifted = 0
     n_out = len(eqn.outputs)
     out_avals = [v.aval for v in eqn.outputs]
     ct_avals = [jx.to_cotangent_aval(a) for a in out_avals]
-    # JAX's bwd produces cotangents for the primal's own consts too (as zeros).
-    jx_in_avals = [a.aval for a in ops]
 
     def trace_fwd(perturbed):
         """The staged fwd as JAX runs it with ``perturbed`` arguments: (fwd_consts,
         f_j, f_c, res_avals).  JAX's bwd then reads the residual layout of this call."""
         try:
-            fwd_jaxpr, fwd_consts = jx.call_fwd_jaxpr_thunk(thunk, list(perturbed))
+            fwd_jaxpr, fwd_consts = jx.call_fwd_jaxpr_thunk(thunk, [False] * lifted
+                                                            + list(perturbed))
         except (jx.UnexpectedTracerError, jax.errors.UnexpectedTracerError) as e:
             raise _fail("vjp", bwd_fn, e) from None
         _check_concrete("vjp", bwd_fn, fwd_consts)
@@ -281,11 +287,12 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
                 cts.append(value if nonzero is None or next(nonzero)
                            else jx.symbolic_zero(ct))
             got = jx.call_wrapped(bwd_fn, *res, *cts)
-            # The primal's own consts' cotangents come first and are dropped (bwd_of).
-            store["zeros"] = tuple(jx.is_symbolic_zero(g) for g, a in
-                                   zip(got[nc:], jx_in_avals[nc:]) if is_inexact(a))
-            got = [jx.instantiate_zero(g, a.to_ct_aval()) for g, a in zip(got, jx_in_avals)]
-            return [g for g, a in zip(got, jx_in_avals) if is_inexact(a)]
+            # JAX's bwd gives cotangents for the arguments, lifted ones included (as
+            # symbolic zeros, dropped here), and none for the primal's own consts.
+            assert len(got) == len(arg_avals), (len(got), len(arg_avals))
+            got = list(zip(got[lifted:], arg_avals[lifted:]))
+            store["zeros"] = tuple(jx.is_symbolic_zero(g) for g, a in got if is_inexact(a))
+            return [jx.instantiate_zero(g, a.to_ct_aval()) for g, a in got if is_inexact(a)]
 
         b_j, b_c, _ = _trace("vjp", bwd_fn, bwd_dense,
                              res_avals + [a for a, o in zip(ct_avals, out_avals) if is_inexact(o)],
@@ -294,16 +301,25 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
         return b_j, list(b_c), store["zeros"]
 
     # JAX perturbs only the inexact arguments it differentiates (integers never).
-    all_perturbed = [is_inexact(a) for a in arg_avals]
-    fwd_consts, f_j, f_c, res_avals = trace_fwd(all_perturbed)
+    while True:
+        try:
+            fwd_consts, f_j, f_c, res_avals = trace_fwd(
+                [is_inexact(a) for a in arg_avals[lifted:]])
+            break
+        except jx.CustomVJPException:
+            lifted = next((i + 1 for i in range(lifted, len(arg_avals))
+                           if is_inexact(arg_avals[i])), None)
+            if lifted is None:
+                raise
     b_j, b_c, b_zeros = trace_bwd(res_avals)
+    formal_avals = arg_avals[lifted:]  # the arguments a pattern speaks of
     main = (fwd_consts, f_j, f_c, len(res_avals), b_j, b_c, b_zeros)
     fwd_variants, bwd_variants = [], []
     trace_for = None
     if p.get("symbolic_zeros", False):
         fwd_variants, bwd_variants = _staged_vjp_variants(
-            arg_avals, out_avals, res_avals, trace_fwd, trace_bwd)
-        inexact = [i for i, a in enumerate(arg_avals) if is_inexact(a)]
+            formal_avals, out_avals, res_avals, trace_fwd, trace_bwd)
+        inexact = [i for i, a in enumerate(formal_avals) if is_inexact(a)]
 
         def trace_for(key):
             """The staged rules for a pattern no variant lists, when JAX first gives
@@ -311,7 +327,7 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
             rule refuses the pattern (the main rule runs, as for the variants);
             ("bwd", pattern, ct_pattern) -> (b_j, b_c, zeros), right after that pattern's
             fwd (JAX's bwd reads the residual layout of the last fwd traced)."""
-            flags = [False] * len(arg_avals)
+            flags = [False] * len(formal_avals)
             for i, q in zip(inexact, key[1]):
                 flags[i] = q
             if key[0] == "fwd":
@@ -325,8 +341,8 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
             _, _, _, v_res = trace_fwd(flags)
             ct = key[2]
             return trace_bwd(v_res, None if all(ct) else ct)
-    return _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, main,
-                       bwd_fn, fwd_variants, bwd_variants, trace_for)
+    return _finish_vjp(region, eqn, closed_over, max_forward_size, nc, lifted, call_region,
+                       main, bwd_fn, fwd_variants, bwd_variants, trace_for)
 
 
 def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
@@ -382,13 +398,14 @@ def _consts_first(jaxpr):
                                                      len(jaxpr.outvars)))
 
 
-def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, main, bwd_fn,
-                fwd_variants=(), bwd_variants=(), trace_for=None):
-    """Assemble the first-order equation: operands (jax consts, new consts, args).
-    ``main``: (fwd_consts, f_j, f_c, num_res, b_j, b_c, b_zeros); the variants as
-    ``_staged_vjp_variants`` returns them."""
+def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, lifted, call_region, main,
+                bwd_fn, fwd_variants=(), bwd_variants=(), trace_for=None):
+    """Assemble the first-order equation: operands (jax consts, lifted arguments, new
+    consts, args).  ``main``: (fwd_consts, f_j, f_c, num_res, b_j, b_c, b_zeros); the
+    variants as ``_staged_vjp_variants`` returns them."""
     fwd_consts, f_j, f_c, num_res, b_j, b_c, b_zeros = main
     ops = list(eqn.inputs)
+    nc += lifted
     jax_consts, args = ops[:nc], ops[nc:]
     # fwd_dense takes (fwd_consts, args) plus its own trace consts f_c; bwd takes (res, ct) + b_c.
     extra = _dedupe(list(fwd_consts) + list(f_c) + list(b_c)
@@ -398,20 +415,14 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, call_region, mai
     n_new = len(extra)
     # call: (jax_consts, args) -> y      ==> (jax_consts, extra, args) -> y
     call = _with_inputs(call_region, nc, [jx.typeof(v) for v in extra])
-    # JAX's bwd returned cotangents for the primal's own consts first: drop those outputs.
-    n_inexact_consts = sum(1 for a in jax_consts if is_inexact(a.aval))
 
     def fwd_of(f_j, fwd_consts, f_c):
         # fwd: (f_c, fwd_consts, args) -> (y, r)    ==> (jax_consts, extra, args)
         return _rebase(f_j, list(f_c) + list(fwd_consts), jax_consts, extra,
-                       lead=len(fwd_consts) + len(f_c))
+                       lead=len(fwd_consts) + len(f_c), own=lifted)
 
     def bwd_of(b_j, b_c):
-        bwd_j = _rebase(b_j, list(b_c), jax_consts, extra, lead=len(b_c))
-        return jx.Jaxpr(bwd_j.constvars, bwd_j.invars, bwd_j.outvars[n_inexact_consts:],
-                        bwd_j.eqns, bwd_j.effects,
-                        jx.fit_debug_info(bwd_j.debug_info, len(bwd_j.invars),
-                                          len(bwd_j.outvars) - n_inexact_consts))
+        return _rebase(b_j, list(b_c), jax_consts, extra, lead=len(b_c))
 
     target = jx.wrapped_fun_target(bwd_fn)
     info = RuleInfo(name=naming.name_of(target), source=naming.source_of(target),
@@ -479,13 +490,15 @@ def _made(rebased, lead_values, extra):
         "while the trace is live")
 
 
-def _rebase(jaxpr, lead_values, jax_consts, extra, *, lead: int):
+def _rebase(jaxpr, lead_values, jax_consts, extra, *, lead: int, own: int = 0):
     """A jaxpr taking ``lead`` values (identified in ``lead_values``) and then its own
-    inputs -> one taking (jax_consts, extra, own inputs)."""
+    inputs -> one taking (jax_consts, extra, own inputs), where the last ``own`` of
+    ``jax_consts`` are its first ``own`` inputs."""
     lead_vars = jaxpr.invars[:lead]
     rest = jaxpr.invars[lead:]
     by_id = {id(v): var for v, var in zip(lead_values, lead_vars)}
-    invars = [jx.Var(a.aval) for a in jax_consts]
+    invars = [jx.Var(a.aval) for a in jax_consts[:len(jax_consts) - own]] + rest[:own]
+    rest = rest[own:]
     for v in extra:
         invars.append(by_id.get(id(v)) or jx.Var(jx.typeof(v)))
     invars += rest
