@@ -202,3 +202,31 @@ def test_two_calls_of_one_symbolic_zeros_rule(tmp_path):
     want = jax.grad(f, (0, 1))(*args)
     for got in (jax.jacfwd(emitted, (0, 1))(*args), jax.grad(emitted, (0, 1))(*args)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)
+
+
+@jax.custom_vjp
+def _sin_times(a, b):
+    return jnp.sin(a) * b
+
+
+def _sin_times_fwd(a, b):
+    return _sin_times(a, b), (a, b)  # the fwd calls its own function
+
+
+_sin_times.defvjp(_sin_times_fwd,
+                  lambda res, g: (jnp.cos(res[0]) * res[1] * g, jnp.sin(res[0]) * g))
+
+
+def test_an_explicit_rewrite_of_a_rule_whose_fwd_calls_itself_emits_forward_mode(tmp_path):
+    """After ``vjp-to-jvp`` the jvp runs the fwd for the primal; the fwd's call of
+    its own function was left a custom_vjp in the new rule's body, so the module
+    emitted without ``forward_mode`` (the pass already ran) refused ``jax.hessian``
+    (adversary, stop 30)."""
+    def f(x, y):
+        return jnp.sum(_sin_times(x, y) ** 2)
+    x, y = jnp.array([0.3, 1.0]), jnp.array([0.2, -0.4])
+    rewritten = jaxpr_cc.run_passes(jaxpr_cc.trace(f, x, y), "vjp-to-jvp")
+    assert not any(eqn.prim.name == "custom_vjp_call" for _, eqn in rewritten.body.walk())
+    fn = _emit(rewritten, tmp_path)
+    np.testing.assert_allclose(jax.hessian(fn)(x, y), jax.jacrev(jax.grad(f))(x, y),
+                               rtol=1e-5, atol=1e-6)

@@ -7,7 +7,9 @@ a solver's bwd), the consts become the re-bound call's leading arguments, and it
 refuses to perturb them (CustomVJPException).  Both forms used to fail: the first
 lost the argument's cotangent ("takes 1 cotangents and returns 0"), the second raised
 JAX's "closed-over value" error from ``jaxpr_cc.trace`` and ``jaxpr_cc.jit`` (stop-30
-adversary), where plain ``jax.grad`` works.  References: JAX's own grad, and float64
+adversary), where plain ``jax.grad`` works.  The array the staged bwd closes over
+must reach the rule as an operand (rule regions are constant-free), or forward mode
+and second order cannot rebuild the rule.  References: JAX's own grad, and float64
 unrolled iterations where JAX refuses forward mode.
 """
 from __future__ import annotations
@@ -100,29 +102,65 @@ def test_a_jaxpr_whose_custom_vjp_closes_over_a_constant_keeps_the_users_bwd():
         np.testing.assert_allclose(jax.jacfwd(lambda z: converted(z)[0])(z), want, rtol=1e-12)
 
 
+def test_a_rule_jax_re_bound_with_its_consts_as_leading_arguments():
+    """The gradient of a jitted function staged by JAX: partial evaluation re-binds
+    the custom_vjp (input unperturbed) with its closed-over array as a leading
+    argument.  Differentiating that program again perturbs the input."""
+    with jax.enable_x64(True):
+        lin = _matvec(2.0)
+
+        def f(z, a):
+            return jnp.sum(jnp.sin(jax.jit(lambda z, a: lin(z) * a)(z, a)))
+        grad_a = jax.grad(f, argnums=1)
+        z, a = jnp.array([0.4, -1.1]), jnp.array([0.3, 0.8])
+        program = jaxpr_cc.run_passes(
+            jaxpr_cc.Program.from_jaxpr(jax.make_jaxpr(grad_a)(z, a)), "closure-convert")
+        want = jax.grad(lambda z: jnp.sum(grad_a(z, a) ** 2))(z)
+
+        def ours(z):
+            return jnp.sum(program(z, a)[0] ** 2)
+        np.testing.assert_allclose(jax.grad(ours)(z), want, rtol=1e-12)
+        np.testing.assert_allclose(jax.jacfwd(ours)(z), want, rtol=1e-12)
+
+
 def _update_calling(rule):
     def update(a, x):
         return 0.5 * jnp.tanh(rule(x) + a)
     return update
 
 
+def _solve_with_constant_rule(a):
+    lin = _matvec(1.0)
+    return jnp.sum(fixed_point(_update_calling(lin), a, jnp.zeros(2)) ** 2)
+
+
+def _unrolled(a):
+    x = lax.fori_loop(0, 300, lambda _, x: 0.5 * jnp.tanh(jnp.asarray(W) @ x + a),
+                      jnp.zeros(2))
+    return jnp.sum(x ** 2)
+
+
 @pytest.mark.parametrize("entry", ["trace", "jit"])
 def test_a_fixed_point_whose_update_calls_a_rule_closing_over_a_constant(entry):
     with jax.enable_x64(True):
-        lin = _matvec(1.0)
-
-        def f(a):
-            return jnp.sum(fixed_point(_update_calling(lin), a, jnp.zeros(2)) ** 2)
-
-        def unrolled(a):
-            x = lax.fori_loop(0, 300, lambda _, x: 0.5 * jnp.tanh(jnp.asarray(W) @ x + a),
-                              jnp.zeros(2))
-            return jnp.sum(x ** 2)
+        f = _solve_with_constant_rule
         a = jnp.asarray(A)
         ours = jaxpr_cc.trace(f, a) if entry == "trace" else jaxpr_cc.jit(f)
         want = jax.grad(f)(a)
-        np.testing.assert_allclose(want, jax.grad(unrolled)(a), rtol=1e-9)
+        np.testing.assert_allclose(want, jax.grad(_unrolled)(a), rtol=1e-9)
         np.testing.assert_allclose(jax.grad(ours)(a), want, rtol=1e-9)
+        # Forward mode rebuilds the rule JAX staged inside the solver's bwd: the
+        # array its bwd closes over is one of its operands.
+        np.testing.assert_allclose(jax.jacfwd(ours)(a), want, rtol=1e-9)
+
+
+@pytest.mark.parametrize("order", ["hessian", "jacrev_of_grad"])
+def test_second_order_through_a_rule_closing_over_a_constant_inside_a_solver(order):
+    with jax.enable_x64(True):
+        a = jnp.asarray(A)
+        ours = jaxpr_cc.jit(_solve_with_constant_rule)
+        got = (jax.hessian(ours) if order == "hessian" else jax.jacrev(jax.grad(ours)))(a)
+        np.testing.assert_allclose(got, jax.hessian(_unrolled)(a), rtol=1e-7)
 
 
 def test_a_symbolic_zeros_rule_closing_over_a_constant_inside_a_fixed_point():
@@ -137,3 +175,55 @@ def test_a_symbolic_zeros_rule_closing_over_a_constant_inside_a_fixed_point():
         want = jax.grad(f)(a)
         np.testing.assert_allclose(jax.grad(jaxpr_cc.jit(f))(a), want, rtol=1e-9)
         np.testing.assert_allclose(jax.grad(jaxpr_cc.trace(f, a))(a), want, rtol=1e-9)
+
+
+def _from_jaxpr(f, *args):
+    program = jaxpr_cc.Program.from_jaxpr(jax.make_jaxpr(f)(*args))
+    converted = jaxpr_cc.run_passes(program, "closure-convert")
+    return lambda *xs: converted(*xs)[0]
+
+
+def test_a_rule_whose_fwd_forwards_its_input_as_a_residual():
+    """JAX counts a forwarded input's position among the primal's consts too: read
+    as an argument's position, the residual was the wrong value (wrong gradient)."""
+    with jax.enable_x64(True):
+        w = jnp.asarray(W)
+
+        @jax.custom_vjp
+        def layer(a):
+            return jnp.tanh(w @ a)
+        # The residual is the input itself; the bwd is scaled so the rule shows.
+        layer.defvjp(lambda a: (layer(a), a),
+                     lambda a, ct: (3.0 * ((ct * (1 - jnp.tanh(w @ a) ** 2)) @ w),))
+
+        def f(a):
+            return jnp.sum(layer(a) ** 2)
+        a = jnp.asarray(A)
+        ours = _from_jaxpr(f, a)
+        want = jax.grad(f)(a)
+        np.testing.assert_allclose(jax.grad(ours)(a), want, rtol=1e-12)
+        np.testing.assert_allclose(jax.jacfwd(ours)(a), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("order", [
+    "grad", "jacfwd", pytest.param("hessian", marks=pytest.mark.heavy)])  # hessian: 20 s
+def test_a_jaxpr_of_a_solver_whose_update_calls_a_rule_closing_over_a_constant(order):
+    """``jax.make_jaxpr`` stages the solver and, inside its primal, the rule closing
+    over ``W``: converting the inner rule puts ``W`` in a rule body, which must take
+    it as an operand (rule regions are constant-free) for forward mode to rebuild
+    the solver's rule."""
+    with jax.enable_x64(True):
+        lin = _matvec(1.0)  # made outside the traced function: W is concrete
+
+        def f(a):
+            return jnp.sum(fixed_point(_update_calling(lin), a, jnp.zeros(2)) ** 2)
+        a = jnp.asarray(A)
+        ours = _from_jaxpr(f, a)
+        if order == "hessian":
+            np.testing.assert_allclose(jax.hessian(ours)(a), jax.hessian(_unrolled)(a),
+                                       rtol=1e-7)
+            return
+        want = jax.grad(f)(a)
+        np.testing.assert_allclose(want, jax.grad(_unrolled)(a), rtol=1e-9)
+        np.testing.assert_allclose((jax.grad if order == "grad" else jax.jacfwd)(ours)(a),
+                                   want, rtol=1e-9)

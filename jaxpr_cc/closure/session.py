@@ -108,12 +108,17 @@ class TraceSession:
         """Under an AD transformation applied inside the traced function, JAX runs
         the rules at once, while this trace is live: with its exact semantics
         (symbolic zeros, bwd run during the backward pass).  JAX fails only when the
-        primal closes over a value that this AD perturbs; such calls are converted."""
+        primal closes over a value that this AD perturbs; such calls are converted.
+        A call no AD perturbs at all JAX only stages, as a rule it cannot trace
+        again once this trace ends (its bwd may close over this trace's values):
+        converted too."""
         if not jx.inside_autodiff():
             return False
         nondiff = tuple(custom.nondiff_argnums)
         static = [args[i] for i in nondiff]
         flat, in_tree = tree_util.tree_flatten([a for i, a in enumerate(args) if i not in nondiff])
+        if not any(jx.is_autodiff_tracer(x) for x in flat):
+            return False
         _, consts, _, _ = self._trace_primal(custom, static, nondiff, len(args), in_tree,
                                              tuple(jx.typeof(x) for x in flat), "custom primal")
         return not any(jx.is_autodiff_tracer(c) for c in consts)

@@ -27,6 +27,7 @@ from ..closure.rules import (FORWARD_ONLY_LEVELS, PatternRules, RuleInfo, forwar
 from ..closure.session import (_dedupe, _insert_inputs, _variant_patterns, _with_consts,
                                session)
 from ..ir.clone import clone_function
+from ..ir.constant_supply import supply_constant
 from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.structural_key import KeyMaker
@@ -75,7 +76,7 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
                 key = _recursion_key(eqn, keys)
                 known = converted.get(key) if key is not None else None
                 if known is not None:
-                    _call_converted(region, eqn, *known)
+                    _call_converted(program.body, region, eqn, *known)
                 else:
                     # JAX traces a rule staged inside a shard_map body (a vmapped
                     # custom_vjp's fwd thunk and bwd) in the body's axis context:
@@ -84,7 +85,7 @@ def convert_program(program, *, closed_over: str = "auto", max_forward_size: int
                     with contextlib.ExitStack() as stack:
                         for prim_name, params in enclosing:
                             stack.enter_context(jx.region_trace_context(prim_name, params))
-                        made = _CONVERTERS[eqn.prim.name](region, eqn, closed_over,
+                        made = _CONVERTERS[eqn.prim.name](program.body, region, eqn, closed_over,
                                                           max_forward_size)
                     if key is not None and made is not None:
                         converted[key] = made
@@ -172,13 +173,14 @@ class _Same:
         return isinstance(other, _Same) and other.obj is self.obj
 
 
-def _call_converted(region: Region, eqn: Equation, params: dict, extra: list) -> None:
+def _call_converted(body: Region, region: Region, eqn: Equation, params: dict,
+                    extra: list) -> None:
     """``eqn`` becomes a call of an equation already converted (its params: shared
     regions), with the values that conversion closed over as constants here."""
     # The converted operands: (jax consts, lifted arguments, extra, args).
     nc = params["num_consts"] - len(extra)
     ops = list(eqn.inputs)
-    _replace_equation(region, eqn, ops[:nc] + _new_consts(region, eqn, extra) + ops[nc:],
+    _replace_equation(region, eqn, ops[:nc] + _new_consts(body, region, extra) + ops[nc:],
                       params)
 
 
@@ -202,10 +204,13 @@ def _trace(kind, fn_for_errors, f, avals, label):
         raise _fail(kind, fn_for_errors, e) from None
 
 
-def _new_consts(region: Region, eqn: Equation, values: list) -> list[Value]:
-    """Operands for values a rule closed over (concrete arrays): constants of the region
-    that holds the equation (hoist-consts moves nested ones out)."""
-    return [region.add_const(jx.typeof(v), v, name=None) for v in values]
+def _new_consts(body: Region, region: Region, values: list) -> list[Value]:
+    """Operands in ``region`` for values a rule closed over (concrete arrays).  Inside
+    a rule body they come from constants of ``body`` through the closed-over
+    operands of the rules on the way (rule regions stay constant-free, so they can
+    be rebuilt for forward mode); elsewhere they are constants of ``region``
+    (hoist-consts moves nested ones out)."""
+    return [supply_constant(body, region, v, jx.typeof(v)) for v in values]
 
 
 def _check_concrete(kind, fn, values):
@@ -214,7 +219,8 @@ def _check_concrete(kind, fn, values):
             raise _fail(kind, fn, jx.UnexpectedTracerError("a tracer of an ended trace"))
 
 
-def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_size: int):
+def _convert_vjp(body: Region, region: Region, eqn: Equation, closed_over: str,
+                 max_forward_size: int):
     p = eqn.params
     nc = p["num_consts"]
     call_region: Region = p["call_jaxpr"]
@@ -240,7 +246,8 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
         except (jx.UnexpectedTracerError, jax.errors.UnexpectedTracerError) as e:
             raise _fail("vjp", bwd_fn, e) from None
         _check_concrete("vjp", bwd_fn, fwd_consts)
-        _, _, input_fwds = p["out_trees"]()
+        # Forwarded inputs (residuals that are arguments) count the primal's consts.
+        input_fwds = [f if f is None else f - nc for f in p["out_trees"]()[2]]
         fwd_open = _with_consts(jx.Jaxpr(fwd_jaxpr.constvars, fwd_jaxpr.invars,
                                          fwd_jaxpr.outvars, fwd_jaxpr.eqns, fwd_jaxpr.effects,
                                          fwd_jaxpr.debug_info)
@@ -341,8 +348,8 @@ def _convert_vjp(region: Region, eqn: Equation, closed_over: str, max_forward_si
             _, _, _, v_res = trace_fwd(flags)
             ct = key[2]
             return trace_bwd(v_res, None if all(ct) else ct)
-    return _finish_vjp(region, eqn, closed_over, max_forward_size, nc, lifted, call_region,
-                       main, bwd_fn, fwd_variants, bwd_variants, trace_for)
+    return _finish_vjp(body, region, eqn, closed_over, max_forward_size, nc, lifted,
+                       call_region, main, bwd_fn, fwd_variants, bwd_variants, trace_for)
 
 
 def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
@@ -398,8 +405,8 @@ def _consts_first(jaxpr):
                                                      len(jaxpr.outvars)))
 
 
-def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, lifted, call_region, main,
-                bwd_fn, fwd_variants=(), bwd_variants=(), trace_for=None):
+def _finish_vjp(body, region, eqn, closed_over, max_forward_size, nc, lifted, call_region,
+                main, bwd_fn, fwd_variants=(), bwd_variants=(), trace_for=None):
     """Assemble the first-order equation: operands (jax consts, lifted arguments, new
     consts, args).  ``main``: (fwd_consts, f_j, f_c, num_res, b_j, b_c, b_zeros); the
     variants as ``_staged_vjp_variants`` returns them."""
@@ -411,7 +418,7 @@ def _finish_vjp(region, eqn, closed_over, max_forward_size, nc, lifted, call_reg
     extra = _dedupe(list(fwd_consts) + list(f_c) + list(b_c)
                     + [c for _, v_fc, _, v_c, _ in fwd_variants for c in (*v_fc, *v_c)]
                     + [c for _, _, _, v_c, _ in bwd_variants for c in v_c])
-    new_vals = _new_consts(region, eqn, extra)
+    new_vals = _new_consts(body, region, extra)
     n_new = len(extra)
     # call: (jax_consts, args) -> y      ==> (jax_consts, extra, args) -> y
     call = _with_inputs(call_region, nc, [jx.typeof(v) for v in extra])
@@ -491,18 +498,16 @@ def _made(rebased, lead_values, extra):
 
 
 def _rebase(jaxpr, lead_values, jax_consts, extra, *, lead: int, own: int = 0):
-    """A jaxpr taking ``lead`` values (identified in ``lead_values``) and then its own
-    inputs -> one taking (jax_consts, extra, own inputs), where the last ``own`` of
-    ``jax_consts`` are its first ``own`` inputs."""
-    lead_vars = jaxpr.invars[:lead]
-    rest = jaxpr.invars[lead:]
-    by_id = {id(v): var for v, var in zip(lead_values, lead_vars)}
-    invars = [jx.Var(a.aval) for a in jax_consts[:len(jax_consts) - own]] + rest[:own]
-    rest = rest[own:]
-    for v in extra:
-        invars.append(by_id.get(id(v)) or jx.Var(jx.typeof(v)))
-    invars += rest
-    return jx.Jaxpr([], invars, jaxpr.outvars, jaxpr.eqns, jaxpr.effects,
+    """A jaxpr taking ``lead`` values (identified in ``lead_values``, which may name
+    one value twice) and then its own inputs -> one taking (jax_consts, extra, own
+    inputs), where the last ``own`` of ``jax_consts`` are its first ``own`` inputs."""
+    assert len(lead_values) == lead
+    taking_extra = _with_consts(jaxpr, list(lead_values), list(extra))
+    extra_vars = taking_extra.invars[:len(extra)]
+    rest = taking_extra.invars[len(extra):]
+    invars = ([jx.Var(a.aval) for a in jax_consts[:len(jax_consts) - own]] + rest[:own]
+              + extra_vars + rest[own:])
+    return jx.Jaxpr([], invars, taking_extra.outvars, taking_extra.eqns, jaxpr.effects,
                     jx.fit_debug_info(jaxpr.debug_info, len(invars), len(jaxpr.outvars)))
 
 
@@ -619,7 +624,8 @@ def _batched_target(target, unbatched, avals, out_avals):
     return batched
 
 
-def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_size: int):
+def _convert_jvp(body: Region, region: Region, eqn: Equation, closed_over: str,
+                 max_forward_size: int):
     if _convert_forward_only(region, eqn) is not None:
         return None
     p = eqn.params
@@ -675,7 +681,7 @@ def _convert_jvp(region: Region, eqn: Equation, closed_over: str, max_forward_si
             _check_concrete("jvp", jvp_fun, v_c)
             variants.append((pattern, v_j, list(v_c), store["zeros"]))
     extra = _dedupe(list(j_c) + [c for _, _, v_c, _ in variants for c in v_c])
-    new_vals = _new_consts(region, eqn, extra)
+    new_vals = _new_consts(body, region, extra)
     call = _with_inputs(p["call_jaxpr"], nc, [jx.typeof(v) for v in extra])
     # jvp: (j_c, jax_consts, args, t) -> ... ==> (jax_consts, extra, args, t)
     def rebased(j_j, j_c):
@@ -744,7 +750,8 @@ def _call_jvp_thunk(jvp_fun, nonzeros):
     return jaxpr, consts, list(out_zeros)
 
 
-def _convert_linear(region: Region, eqn: Equation, closed_over: str, max_forward_size: int):
+def _convert_linear(body: Region, region: Region, eqn: Equation, closed_over: str,
+                    max_forward_size: int):
     p = eqn.params
     n_cc, n_res = p["num_callee_consts"], p["num_res"]
     thunk = p["transpose_thunk"]
@@ -755,7 +762,7 @@ def _convert_linear(region: Region, eqn: Equation, closed_over: str, max_forward
     _check_concrete("linear_call transpose", thunk, t_consts)
     ops = list(eqn.inputs)
     cc, res, lin = ops[:n_cc], ops[n_cc:n_cc + n_res], ops[n_cc + n_res:]
-    new_vals = _new_consts(region, eqn, list(t_consts))
+    new_vals = _new_consts(body, region, list(t_consts))
     callee = _with_inputs(p["callee"], n_cc, [jx.typeof(v) for v in t_consts])
     t_j = _consts_first(t_closed.jaxpr) if t_closed.jaxpr.constvars else t_closed.jaxpr
     t_j = _insert_inputs(t_j, 0, [a.aval for a in cc])

@@ -181,6 +181,17 @@ class Region:
         if not is_literal(atom):
             g.add_edge(atom.producer, consumer, key=pos, value=atom)
 
+    def set_inputs(self, eqn: Equation, inputs: Sequence[Atom]) -> None:
+        """Replace ``eqn``'s operand list, re-keying its use-def edges by position."""
+        g = self.graph
+        for pos, atom in enumerate(eqn.inputs):
+            if type(atom) is Value:
+                g.remove_edge(atom.producer, eqn, key=pos)
+        eqn.inputs = list(inputs)
+        for pos, atom in enumerate(eqn.inputs):
+            if type(atom) is Value:
+                g.add_edge(atom.producer, eqn, key=pos, value=atom)
+
     def replace_all_uses_with(self, old: Value, new: Atom) -> int:
         """Make every reader of ``old`` read ``new``; returns how many uses moved."""
         if old is new:

@@ -74,14 +74,7 @@ def merge_into(region: Region, duplicate: Equation, original: Equation) -> int:
 
 def set_inputs(region: Region, eqn: Equation, inputs: Sequence[Atom]) -> None:
     """Replace ``eqn``'s operand list, re-keying its use-def edges by position."""
-    g = region.graph
-    for pos, atom in enumerate(eqn.inputs):
-        if type(atom) is Value:
-            g.remove_edge(atom.producer, eqn, key=pos)
-    eqn.inputs = list(inputs)
-    for pos, atom in enumerate(eqn.inputs):
-        if type(atom) is Value:
-            g.add_edge(atom.producer, eqn, key=pos, value=atom)
+    region.set_inputs(eqn, inputs)
 
 
 def keep_outputs(region: Region, eqn: Equation, keep: Sequence[bool]) -> None:

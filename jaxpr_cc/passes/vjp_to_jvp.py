@@ -209,6 +209,12 @@ class _Rewriter:
         new_params = self.built[key]
         if new_params is None:
             return
+        # The new rule's bodies may call this rule as it was (a fwd that calls its
+        # own function, run by the jvp for the primal): rewritten too, to this rule.
+        for value in new_params.values():
+            for sub in value if isinstance(value, tuple) else (value,):
+                if isinstance(sub, Region):
+                    self.region(sub)
         outputs = [Value(v.aval, name=v.name) for v in eqn.outputs]
         new = Equation(jx.custom_jvp_call_p, list(eqn.inputs), outputs, dict(new_params),
                        eqn.effects, eqn.source_info, eqn.ctx)
