@@ -233,13 +233,34 @@ def _interpret(jaxpr, in_tags: Sequence[_Tag], seeds: dict | None = None,
     def read(atom) -> _Tag:
         return _literal_tag(atom.val) if isinstance(atom, jx.Literal) else env.get(atom, _FIXED)
 
+    # One value computed twice (``jnp.dot(y - p, y - p)``) is one atom to _transfer,
+    # which knows a square by its operands being the same.
+    first: dict = {}
+    same: dict = {}
+
+    def one(atom):
+        return atom if isinstance(atom, jx.Literal) else same.get(atom, atom)
+
     for eqn in jaxpr.eqns:
-        outs = _transfer(eqn, [read(a) for a in eqn.invars], eqn.invars, notes, hints)
+        atoms = [one(a) for a in eqn.invars]
+        if eqn.primitive.name in _RECOMPUTED and len(eqn.outvars) == 1:
+            key = (eqn.primitive.name, tuple(a if isinstance(a, jx.Var) else
+                                             ("literal", repr(a.val)) for a in atoms),
+                   tuple(sorted((k, repr(v)) for k, v in eqn.params.items())))
+            known = first.setdefault(key, eqn.outvars[0])
+            if known is not eqn.outvars[0]:
+                same[eqn.outvars[0]] = known
+        outs = _transfer(eqn, [read(a) for a in eqn.invars], atoms, notes, hints)
         for v, t in zip(eqn.outvars, outs):
             env[v] = seeded(v, t)
     if hints is not None and _TAGS in hints:
         hints[_TAGS].update(env)
     return [read(a) for a in jaxpr.outvars]
+
+
+#: Parameter-free elementwise operations whose recomputation on the same operands
+#: is recognized as the same value.
+_RECOMPUTED = ("sub", "add", "neg", "abs", "conj", "real", "imag", "mul")
 
 
 def _plain(eqn, tags: Sequence[_Tag]) -> _Tag:
@@ -639,6 +660,12 @@ def loop_cap(cond, tags: dict):
     def run(jaxpr, consts, args):
         env = dict(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, args))
+        for v in jaxpr.invars:
+            if is_test(v):
+                # A convergence flag the body computes and carries (``done``,
+                # ``not_converged``), held at "not converged" too: its value in a
+                # run of another iteration (the transposed one) says nothing.
+                env[v] = jnp.full(v.aval.shape, tags[v].kind == "big", v.aval.dtype)
 
         def read(a):
             return a.val if isinstance(a, jx.Literal) else env[a]

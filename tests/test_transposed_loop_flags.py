@@ -1,0 +1,112 @@
+"""A bwd loop that stops on a convergence flag it carries, with an iteration cap.
+
+``while ~done & (k < N)`` with ``done = all(|y_new - y| <= tol)`` computed by the
+body is a convergence test with a cap.  Forward mode runs the transposed iteration
+until its own change is small, or for exactly as many steps as the cap allowed in
+reverse mode.  That step count was read from the condition with the flag's value
+in the transposed run (zero cotangent: "converged" after one step), so jacfwd came
+from one or two transposed steps, with no error (adversary, stop 31).
+References: ``jax.jacrev`` of the same function (JAX runs the user's bwd), and of
+a rule whose bwd is the fixed number of Jacobi steps the cap allows.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpr_cc
+
+A = np.array([[4.0, 1.0, 0.0, 0.2], [1.0, 3.0, 0.5, 0.0],
+              [0.0, 0.5, 2.0, 0.3], [0.1, 0.0, 0.3, 3.0]])
+X = np.array([0.3, -0.5, 1.2, 0.7])
+
+
+def _jacobi_step(y, g):
+    """One Jacobi step for A^T y = g."""
+    a = jnp.asarray(A)
+    d = jnp.diag(a)
+    return (g - (a.T - jnp.diag(d)) @ y) / d
+
+
+def _done_flag(cap, tol):
+    def adjoint(g):
+        def body(c):
+            y, _, k = c
+            new = _jacobi_step(y, g)
+            return new, jnp.all(jnp.abs(new - y) <= tol), k + 1
+        return lax.while_loop(lambda c: (~c[1]) & (c[2] < cap), body,
+                              (_jacobi_step(jnp.zeros_like(g), g), False, 0))[0]
+    return adjoint
+
+
+def _not_converged_flag(cap, tol):
+    def adjoint(g):
+        def body(c):
+            y, _, k = c
+            new = _jacobi_step(y, g)
+            return new, jnp.any(jnp.abs(new - y) > tol), k + 1
+        return lax.while_loop(lambda c: c[1] & (c[2] < cap), body,
+                              (_jacobi_step(jnp.zeros_like(g), g), True, 0))[0]
+    return adjoint
+
+
+def _steps(n):
+    def adjoint(g):
+        y = _jacobi_step(jnp.zeros_like(g), g)
+        for _ in range(n):
+            y = _jacobi_step(y, g)
+        return y
+    return adjoint
+
+
+def _solver(adjoint):
+    @jax.custom_vjp
+    def solve(b):
+        return jnp.linalg.solve(jnp.asarray(A), b)
+    solve.defvjp(lambda b: (solve(b), None), lambda _, g: (adjoint(g),))
+    return lambda b: jnp.sin(solve(b * b))
+
+
+@pytest.mark.parametrize("flag", [_done_flag, _not_converged_flag],
+                         ids=["done", "not_converged"])
+@pytest.mark.parametrize("cap, reference", [(1000, None), (5, _steps(5))],
+                         ids=["converges", "capped_at_5"])
+def test_a_carried_convergence_flag_with_a_cap(flag, cap, reference):
+    with jax.enable_x64(True):
+        f = _solver(flag(cap, 1e-13))
+        x = jnp.asarray(X)
+        want = jax.jacrev(f)(x)
+        if reference is not None:  # the cap stops the loop before it converges
+            np.testing.assert_allclose(want, jax.jacrev(_solver(reference))(x), rtol=1e-12)
+        else:  # the limit: the solve's own Jacobian
+            exact = jax.jacfwd(lambda b: jnp.sin(jnp.linalg.solve(jnp.asarray(A), b * b)))(x)
+            np.testing.assert_allclose(want, exact, rtol=1e-9, atol=1e-12)
+        for ours in (jaxpr_cc.jit(f), jaxpr_cc.trace(f, x)):
+            np.testing.assert_allclose(jax.jacfwd(ours)(x), want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("size", ["dot", "vdot", "sum_of_squares"])
+def test_a_squared_norm_test_that_computes_the_change_twice(size):
+    """``jnp.dot(y - p, y - p)`` computes the change twice; the reading of the test
+    knew a square only by its two operands being one value, so ``jaxpr_cc.trace``
+    (whose jaxpr keeps both) refused the loop where ``jaxpr_cc.jit`` accepted it
+    (adversary, stop 31)."""
+    measure = {"dot": lambda d, e: jnp.dot(d, e), "vdot": lambda d, e: jnp.vdot(d, e),
+               "sum_of_squares": lambda d, e: jnp.sum(d * e)}[size]
+
+    def adjoint(g):
+        def body(c):
+            y, _, k = c
+            return _jacobi_step(y, g), y, k + 1
+        return lax.while_loop(lambda c: (measure(c[0] - c[1], c[0] - c[1]) > 1e-24)
+                              & (c[2] < 500), body,
+                              (_jacobi_step(jnp.zeros_like(g), g), jnp.zeros_like(g), 0))[0]
+    with jax.enable_x64(True):
+        f = _solver(adjoint)
+        x = jnp.asarray(X)
+        want = jax.jacrev(f)(x)
+        np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.trace(f, x))(x), want, rtol=1e-9,
+                                   atol=1e-12)
