@@ -625,3 +625,26 @@ def test_mixed_float32_float64_state(adjoint):
         new = run_passes(jaxpr_cc.trace(f, a), f"implicit-diff{{adjoint={adjoint}}}")
         # x = 0.5 y + a, y = 0.25 x + a: d(x + y)/da = 2.75 / 0.875.
         assert float(jax.grad(new)(a)) == pytest.approx(2.75 / 0.875, rel=1e-5)
+
+
+@pytest.mark.parametrize("rtol, rewritten", [(0.0, True), (1e-5, False)], ids=["absolute", "relative"])
+def test_allclose_with_a_zero_rtol_is_an_absolute_test(rtol, rewritten):
+    """``~allclose(x, prev, rtol=0, atol=tol)`` compares the change with
+    ``tol + 0 * |prev|``: absolute, so a convergence test (the product with the
+    zero literal read as reading the iterate, and the loop was refused as
+    relative); a nonzero rtol stays relative and refused."""
+    def fun(theta):
+        def keep_going(s):
+            x, prev = s
+            return ~jnp.allclose(x, prev, rtol=rtol, atol=1e-6)
+
+        def step(s):
+            x, _ = s
+            return jnp.tanh(A_SMALL @ x + theta), x
+
+        return lax.while_loop(keep_going, step, (jnp.zeros_like(theta), jnp.ones_like(theta)))[0]
+
+    _, _, stats = rewrite_with_stats(fun, jnp.asarray(THETA))
+    assert (stats.get("loops-rewritten") == 1) == rewritten, reasons(stats)
+    if not rewritten:
+        assert "relative test" in reasons(stats)

@@ -100,7 +100,8 @@ class _Tag:
     carries: frozenset = frozenset()
     why: str = ""
     # For fixed / iterate values: "pos" (known > 0), "nonneg" (known >= 0),
-    # "neg" (a negative literal) or "" (unknown).  Only a known sign keeps a
+    # "zero" (a zero literal, or a product with one), "neg" (a negative literal)
+    # or "" (unknown).  Only a known sign keeps a
     # scaled size a size (|d| * c > tol with c < 0 runs while |d| is small).
     sign: str = ""
 
@@ -159,6 +160,8 @@ def _literal_tag(value) -> _Tag:
         v = np.asarray(value)
         if v.dtype == bool or not np.issubdtype(v.dtype, np.number) or np.iscomplexobj(v):
             return _FIXED
+        if np.all(v == 0):
+            return _Tag("fixed", sign="zero")
         if np.all(v > 0):
             return _Tag("fixed", sign="pos")
         if np.all(v >= 0):
@@ -187,7 +190,7 @@ def _free_sign(eqn, tags: Sequence[_Tag]) -> str:
     # underflow (exp(-1000) == 0.0), so they give "nonneg" at best.
     name = eqn.primitive.name
     signs = [t.sign for t in tags]
-    nonneg = all(x in ("pos", "nonneg") for x in signs)
+    nonneg = all(x in ("pos", "nonneg", "zero") for x in signs)
     if name in ("exp", "exp2"):
         return "nonneg"
     if name in ("abs", "sqrt") and len(tags) == 1:
@@ -198,6 +201,8 @@ def _free_sign(eqn, tags: Sequence[_Tag]) -> str:
     if name == "integer_pow" and len(tags) == 1:
         return "nonneg" if signs[0] in ("pos", "nonneg") else ""
     if _keeps_values(eqn) and len(tags) == 1:
+        if signs[0] == "zero":
+            return "zero"
         if signs[0] == "pos" and name == "convert_element_type" and \
                 jnp.finfo(eqn.outvars[0].aval.dtype).tiny > jnp.finfo(eqn.invars[0].aval.dtype).tiny:
             return "nonneg"   # a narrowing conversion rounds tiny values to zero
@@ -207,7 +212,7 @@ def _free_sign(eqn, tags: Sequence[_Tag]) -> str:
             return "nonneg" if name == "reduce_sum" else ""   # an empty sum is 0
         return signs[0] if signs[0] in ("pos", "nonneg") else ""
     if name in ("add", "max") and nonneg:
-        return "pos" if "pos" in signs else "nonneg"
+        return "pos" if "pos" in signs else "zero" if set(signs) == {"zero"} else "nonneg"
     if name == "max" and "pos" in signs:
         return "pos"
     if name in ("mul", "div") and nonneg:
@@ -302,6 +307,11 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
             for x, gx in (tags, tags[::-1]):
                 if x.kind in ("new", "old") and gx.kind == "iterate" and x.carries & gx.carries:
                     hints.setdefault("image", set()).update(x.carries)
+        # A product with a zero literal is zero whatever the other factor reads
+        # (allclose's ``rtol * |b|`` with ``rtol=0``); an iterate that overflows
+        # makes it NaN, which fails the closeness test: the loop runs on.
+        if name == "mul" and any(t.kind == "fixed" and t.sign == "zero" for t in tags):
+            return [_Tag("fixed", sign="zero")]
         if (_keeps_values(eqn) or name == "neg") and kinds[0] in ("new", "old", "next") \
                 and len(tags) == 1:
             return [tags[0]]
@@ -368,7 +378,8 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
             # c >= 0: a bound on either bounds the change (jnp.linalg.norm with
             # ord=inf is max(0, max|d|)).
             if len(tags) == 2 and free(others) and others[0].kind == "fixed" and (
-                    name == "max" or (name == "add" and others[0].sign in ("pos", "nonneg"))):
+                    name == "max" or (name == "add"
+                                      and others[0].sign in ("pos", "nonneg", "zero"))):
                 return [one]
             if name == "div" and tags[0] is one and _finite_literal(atoms[1], nonzero=True) \
                     and others[0].sign == "pos":
