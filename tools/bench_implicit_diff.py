@@ -20,7 +20,8 @@ against each other first.  Targets (issue 16): implicit <= 0.4 x unrolled at
 in N.  The last line says whether the N = 1,000 row meets them.  ``implicit-diff``
 rewrites the loop into a custom_jvp whose tangent is a ``custom_linear_solve``;
 the gradient transposes it, so the adjoint solve is the transposed solve
-(``adjoint=auto``: dense up to 64 state elements, BiCGStab above).
+(``adjoint=auto``: dense up to 64 state elements; above, the transposed
+iteration when the measured contraction rate is at most 0.5, else BiCGStab).
 
     .venv/bin/python tools/bench_implicit_diff.py [--iters 100,1000,10000] [--adjoint auto]
 """

@@ -51,7 +51,9 @@ the adjoint equation: ``fixed-point`` (iterate the linear map: it contracts as
 fast as the forward map, so it can cost as much as the forward loop),
 ``gmres`` or ``bicgstab`` (Krylov solves of ``(I - J) t = b``), ``dense``
 (materialize ``J`` and solve; small states) or ``auto`` (dense up to
-``dense-max-size`` state elements, else bicgstab); ``max-iter`` and ``tol`` bound
+``dense-max-size`` state elements, else the fixed-point iteration when the
+certificate measured a fast contraction, bicgstab otherwise: ``_Solver``);
+``max-iter`` and ``tol`` bound
 the iterative solvers (relative tolerance), ``restart`` is gmres's Krylov
 dimension.  ``loops=0,2`` or ``loops=name``
 selects loops by position (pre-order over the program, nested regions
@@ -424,7 +426,8 @@ def _counting_loop(loop: FixedPointLoop, op_avals, name: str):
 
 def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     """The counting loop that also runs a probe of the loop's tangent map:
-    ``(operands) -> (results..., count, log bound)``.
+    ``(operands) -> (results..., count, path)``, ``path`` the pieces of the
+    bound ``_path_bound`` forms (it needs the rate at ``x*``).
 
     The loop's tangent follows ``t_(k+1) = J_k t_k + b_k`` with ``J_k``, ``b_k``
     at the iterate ``x_k``; its gap to ``t*`` (the implicit tangent at ``x*``) is
@@ -434,21 +437,27 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     scale).  A probe ``v <- J_k v`` (normalized, its log growth ``g`` summed)
     gives ``|P_(i,K)| ~ G_K / G_i``; then ``sum_k P_(k+1,K) |x_k - x*| <= G_K W``
     with ``W = sum_j |x_(j+1) - x_j| sum_(k <= j) 1 / G_(k+1)``, accumulated as
-    the loop runs.  The bound is ``log(G_K (1 + W / scale))``: the start's part
-    and the path's.  Unlike a rate measured at ``x*``, it sees Jacobians along
+    the loop runs.  Unlike a rate measured at ``x*``, it sees Jacobians along
     the path far from the final one.  A vmapped loop's finished elements keep
-    their carries (and so their tangents): the probe keeps theirs too."""
+    their carries (and so their tangents): the probe keeps theirs too.
+
+    The probe follows the path until the iterate stops moving: each state
+    leaf's step at rounding level (``SETTLED_ULPS`` ulps of the leaf's scale,
+    ``1 + max |x|``).  From there
+    the loop runs as written, counting its steps (a loop run to a tolerance at
+    the rounding floor, or to an iteration cap long after it converged, spends
+    most of its steps there): its iterates are ``x*`` to rounding, so its
+    Jacobians are ``J*``, whose rate the certificate measures, and its steps
+    are bounded by the settled one's size (``_path_bound``; the distance it
+    drifts is checked).  A vmapped loop probes every step (its elements
+    settle at different steps)."""
     cond_n, body_n = loop.cond_n, loop.body_n
     test_shape = loop.cond_jaxpr.outvars[0].aval.shape
     state = list(loop.state)
     n_carry = loop.n_carry
-
-    def largest(xs):
-        return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0)
-                                              .astype(jnp.float32) for x in xs])
-
-    def size(xs):
-        return jnp.sqrt(sum(jnp.sum(jnp.abs(x).astype(jnp.float32) ** 2) for x in xs))
+    settle = not test_shape
+    f = _state_update(loop, loop.theta)
+    ulp = max(float(jnp.finfo(op_avals[loop.carry_operand(i)].dtype).eps) for i in state)
 
     def probing(*ops):
         cond_consts, body_consts = ops[:cond_n], ops[cond_n:cond_n + body_n]
@@ -465,58 +474,120 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
                              new, old)
 
         def step(c):
-            carries, count, v, log_g, log_h, log_w, recent, since = c
+            carries, count, v, log_g, log_h, log_w, recent, since, _ = c
             running = test(carries) if test_shape else jnp.bool_(True)
 
-            def body_of_state(*xs):
-                full = list(carries)
-                for i, x in zip(state, xs):
-                    full[i] = x
-                return list(jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *full))
-
-            new, t_new = jax.jvp(body_of_state, tuple(carries[i] for i in state), tuple(v))
+            new = jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *carries)
             new = [keep(running, n, o) for n, o in zip(new, carries)]
-            w = [keep(running, t_new[i], vi) for i, vi in zip(state, v)]
-            norm = size(w)
+            # The probe's step through the state update alone (the body's other
+            # carries -- a convergence gap -- have no tangent to carry); its
+            # primal is the body's, which XLA computes once.
+            theta_vals = [body_consts[k] if kind == "const" else carries[k]
+                          for kind, k in loop.theta]
+            _, t_new = jax.jvp(lambda *xs: f(theta_vals, list(xs)),
+                               tuple(carries[i] for i in state), tuple(v))
+            w = [keep(running, t, vi) for t, vi in zip(t_new, v)]
+            norm = _size(w)
             log_g = log_g + jnp.log(jnp.maximum(norm, 1e-30))
             # A probe J annihilates (J = 0 at the start, say) starts again: the
             # products through that step are ~0, those after it are measured.
             dead = norm <= 1e-30
             v = [jnp.where(dead, v0, wi / jnp.maximum(norm, 1e-30).astype(wi.dtype))
                  for wi, v0 in zip(w, v_start)]
-            moved = largest([new[i].astype(jnp.float32) - carries[i].astype(jnp.float32)
-                             for i in state])
+            # (The change in the carries' own precision: a float64 step below
+            # float32's resolution is not zero.)
+            moved = _largest([new[i] - carries[i] for i in state])
             log_h = jnp.logaddexp(log_h, -log_g)
             log_w = jnp.logaddexp(log_w, jnp.log(jnp.maximum(moved, 1e-30)) + log_h)
             # The last RATE_STEPS growths: a power iteration along the final
             # iterates (J_k -> J at x*), which the certificate's rate reuses.
             recent = recent.at[since % RATE_STEPS].set(jnp.log(jnp.maximum(norm, 1e-30)))
             since = jnp.where(dead, 0, since + 1)
+            # Every state leaf's step at rounding level for that leaf's scale (a
+            # small leaf still moving keeps the probe on, whatever the largest
+            # is); not before the probe has measured J's rate along the final
+            # iterates, which the certificate would otherwise measure at x*.
+            settled = functools.reduce(jnp.logical_and, [
+                _largest([new[i] - carries[i]]) <= SETTLED_ULPS * ulp * (1.0 + _largest([new[i]]))
+                for i in state], since >= RATE_STEPS)
             return (new, count + running.astype(jnp.int32), v, log_g, log_h, log_w, recent,
-                    since)
+                    since, settled & settle)
 
-        x0 = [carry0[i] for i in state]
-        keys = jax.random.split(jax.random.key(20261124), len(x0))
-        v = [jax.random.normal(k, jnp.shape(x), jnp.float32).astype(jnp.result_type(x))
-             for k, x in zip(keys, x0)]
-        start = jnp.maximum(size(v), 1e-30)
-        v = v_start = [vi / start.astype(vi.dtype) for vi in v]
+        v = v_start = _probe_start([carry0[i] for i in state])
         minus_inf = jnp.float32(-jnp.inf)
         init = (carry0, jnp.zeros(test_shape, jnp.int32), v, jnp.float32(0.0), minus_inf,
-                minus_inf, jnp.zeros(RATE_STEPS, jnp.float32), jnp.int32(0))
-        carries, count, _, log_g, _, log_w, recent, since = lax.while_loop(
-            lambda c: jnp.any(test(c[0])), step, init)
-        scale = 1.0 + largest([carries[i] for i in state])
-        bound = log_g + jnp.logaddexp(0.0, log_w - jnp.log(scale))
-        bound = jnp.where(jnp.isnan(bound), jnp.inf, bound)
+                minus_inf, jnp.zeros(RATE_STEPS, jnp.float32), jnp.int32(0), jnp.bool_(False))
+        carries, count, _, log_g, log_h, log_w, recent, since, _ = lax.while_loop(
+            lambda c: jnp.any(test(c[0])) & ~c[-1], step, init)
+        settled_at = [carries[i] for i in state]
+        rest = jnp.zeros(test_shape, jnp.int32)
+        if settle:
+            def plain(c):
+                return [*jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *c[:-1]), c[-1] + 1]
+            *carries, rest = lax.while_loop(lambda c: test(c[:-1]), plain, [*carries, rest])
+        x_end = [carries[i] for i in state]
+        scale = 1.0 + _largest(x_end)
+        drift = _largest([a - b for a, b in zip(x_end, settled_at)])
         # The mean log growth of the last RATE_STEPS steps; NaN when the loop ran
         # fewer since the probe last started (the certificate then runs its own
         # power iteration at x*).
         log_rate = jnp.where(since >= RATE_STEPS, jnp.mean(recent), jnp.nan)
         assert len(carries) == n_carry
-        return [*carries, count, jnp.stack([bound, log_rate]).astype(jnp.float32)]
+        path = jnp.stack([log_g, log_h, log_w - jnp.log(scale), log_rate,
+                          jnp.min(rest).astype(jnp.float32), jnp.float32(SETTLED_ULPS * ulp),
+                          drift / scale])
+        return [*carries, count + rest, path.astype(jnp.float32)]
 
     return _closed(probing, op_avals, name)
+
+
+def _path_bound(path, rate):
+    """``log`` of the bound on the loop's tangent gap, relative (before
+    ``PATH_MARGIN``), from ``_probing_loop``'s ``path`` and J's rate ``s`` at
+    ``x*``; +inf when the settled iterates drifted.
+
+    The probed steps give ``G_K (1 + W / scale)``, with ``G_K`` their growth
+    times ``s`` per settled step (``m`` of them).  A settled step is at most
+    ``sigma`` (the settling size, relative), which adds ``m sigma G_K H`` to
+    ``W G_K / scale`` (``H`` the probed ``sum 1 / G_(k+1)``): the distance of
+    the probed iterates from ``x*`` includes the steps after them.  The
+    settled iterates' own terms are not counted: they sit at ``x*`` to the
+    rounding floor, whose jitter the loop's own forward-mode tangent carries
+    as rounding noise of the same size (``eps / (1 - s)^2``)."""
+    log_g, log_h, log_w, _, m, sigma, drift = (path[i] for i in range(7))
+    log_big_g = log_g + m * jnp.log(jnp.maximum(rate, 1e-30))
+    later_steps = jnp.where(m > 0, jnp.log(sigma) + jnp.log(jnp.maximum(m, 1.0))
+                            + log_big_g + log_h, -jnp.inf)
+    bound = functools.reduce(jnp.logaddexp, [log_big_g, log_big_g + log_w, later_steps])
+    drifted = (m > 0) & (drift > sigma / jnp.maximum(1.0 - rate, 1e-30))
+    return jnp.where(jnp.isnan(bound) | drifted | (rate >= 1.0), jnp.inf, bound)
+
+
+def _probe_start(xs) -> list:
+    """A fixed pseudo-random unit vector shaped like ``xs``: a structured one
+    (``sin(1.7 i + 0.3)``) can be an eigenvector of a fast mode and never see a
+    slow one.  Its entries are uniform in [-1, 1) from an integer hash of the
+    element's index and leaf (PCG's output permutation), a few integer
+    operations where a ``jax.random`` key costs a threefry loop per call."""
+    v = []
+    for leaf, x in enumerate(xs):
+        h = lax.iota(jnp.uint32, max(int(np.prod(jnp.shape(x))), 1))
+        h = h * jnp.uint32(747796405) + jnp.uint32(2891336453 + 2654435769 * leaf & 0xFFFFFFFF)
+        h = ((h >> ((h >> 28) + jnp.uint32(4))) ^ h) * jnp.uint32(277803737)
+        h = (h >> 22) ^ h
+        u = (h >> 8).astype(jnp.float32) * np.float32(2.0 ** -23) - 1.0
+        v.append(u[:int(np.prod(jnp.shape(x)))].reshape(jnp.shape(x)))
+    n = jnp.maximum(_size(v), 1e-30)
+    return [(u / n).astype(jnp.result_type(x)) for u, x in zip(v, xs)]
+
+
+def _largest(xs):
+    return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0).astype(jnp.float32)
+                                          for x in xs])
+
+
+def _size(xs):
+    return jnp.sqrt(sum(jnp.sum(jnp.abs(x).astype(jnp.float32) ** 2) for x in xs))
 
 
 def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDiff,
@@ -633,7 +704,7 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
     if start_may_move and not start_term:
         certified = _never(certified)
 
-    def implicit(ops, outs, count, t_ops, ok):
+    def implicit(ops, outs, count, t_ops, ok, rate):
         it = iter(t_ops)
         t_of = {j: next(it) for j, inexact in enumerate(op_inexact) if inexact}
         theta_vals = [ops[j] for j in theta_ops]
@@ -644,9 +715,10 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
                 [t_of[j] for j in state_init if j in t_of]
             # Every part of b must be linear in the tangents for JAX to transpose the
             # solve: a state update that reads no parameter gives a constant zero,
-            # made linear by adding 0 * (a linear function of the tangents).
-            link = functools.reduce(jnp.add, [0.0 * jnp.sum(t).astype(jnp.float32)
-                                              for t in tangents])
+            # made linear by adding 0 * (a linear function of the tangents) -- of
+            # the smallest tangent, whose transpose adds the fewest zeros.
+            smallest = min(tangents, key=lambda t: int(np.prod(jnp.shape(t))))
+            link = 0.0 * jnp.sum(smallest).astype(jnp.float32)
             if hot:
                 def through_theta(*hv):
                     full = list(theta_vals)
@@ -667,7 +739,8 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
                 inner = f_x(*[jnp.where(ok, ti, jnp.zeros_like(ti)) for ti in t])
                 return [ti - jnp.where(ok, ji, jnp.zeros_like(ji)) for ti, ji in zip(t, inner)]
 
-            t_x = lax.custom_linear_solve(matvec, list(b), solver, solver)
+            solve = solver.at_rate(rate)
+            t_x = lax.custom_linear_solve(matvec, list(b), solve, solve)
             if start_term:
                 t_0 = [t_of[j] if j in t_of else jnp.zeros_like(x)
                        for j, x in zip(state_init, x_star)]
@@ -688,8 +761,8 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
 
     def tangent(ops, outs, count, path, t_ops):
         if not t_ops:
-            return implicit(ops, outs, count, t_ops, jnp.bool_(True))
-        ok = certified(ops, outs, count, path)
+            return implicit(ops, outs, count, t_ops, jnp.bool_(True), jnp.float32(1.0))
+        ok, rate = certified(ops, outs, count, path)
         # Each derivative gets the tangents only where it is chosen (and masks its
         # output): no tangent passes through a lax.cond, whose batched form (a
         # vmapped program's differing predicates) JAX cannot transpose; and a
@@ -697,7 +770,7 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
         # loop that did not converge) never reach the other.
         t_imp = [jnp.where(ok, t, jnp.zeros_like(t)) for t in t_ops]
         t_fb = [jnp.where(ok, jnp.zeros_like(t), t) for t in t_ops]
-        near = implicit(ops, outs, count, t_imp, ok)
+        near = implicit(ops, outs, count, t_imp, ok, rate)
         loop_own = fallback(ops, t_fb, ok)
         return [jnp.where(ok, a, b) for a, b in zip(near, loop_own)]
 
@@ -706,7 +779,8 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
 
 def _never(certified):
     def never(ops, outs, count, path):
-        return jnp.bool_(False) & certified(ops, outs, count, path)
+        ok, rate = certified(ops, outs, count, path)
+        return jnp.bool_(False) & ok, rate
     return never
 
 
@@ -767,12 +841,20 @@ PATH_MARGIN = 10.0
 #: spectral radius from below).
 RATE_MARGIN = 1.05
 
+#: A step of at most this many ulps of the iterate's scale is at rounding level:
+#: the iterate has settled, and the probe stops (``_probing_loop``).
+SETTLED_ULPS = 1.0
+
+#: The largest measured contraction rate at which ``adjoint=auto`` iterates the
+#: map to solve (20 products reach 1e-6); above it, BiCGStab.
+ITERATE_MAX_RATE = 0.5
+
 #: Power-iteration steps for the estimate of J's contraction rate (``_rate_estimate``).
 RATE_STEPS = 20
 
 
 def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
-    """``certified(operands, results, count, path) -> bool`` from primals (``path``:
+    """``certified(operands, results, count, path) -> (bool, rate)`` from primals (``path``:
     the log bound of ``_probing_loop``): the loop ran,
     its convergence test (the cap left out) passed on the carries it stopped with,
     the final iterate is finite, ``J`` contracts at it (rate below 1: ``I - J``
@@ -795,7 +877,7 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
         theta_vals = [ops[j] for j in theta_ops]
         x_now = [outs[i] for i in loop.state]
         if not x_now:
-            return ok
+            return ok, jnp.float32(1.0)
         residual = largest([fx - x for fx, x in zip(f_eval(theta_vals, x_now), x_now)])
         scale = 1.0 + largest(x_now)
         eps = max(float(jnp.finfo(jnp.result_type(x)).eps) for x in x_now)
@@ -811,11 +893,11 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
         # J's rate at x*: the probe's last RATE_STEPS growths when the loop ran
         # that many (the same power iteration, along the final iterates), else a
         # power iteration at x*.
-        probe_log_rate = path[1]
+        probe_log_rate = path[3]
         rate = lax.cond(jnp.isnan(probe_log_rate),
                         lambda: _rate_estimate(lambda xs: f_eval(theta_vals, xs), x_now),
                         lambda: RATE_MARGIN * jnp.exp(probe_log_rate))
-        path = path[0]
+        path = _path_bound(path, rate)
         ok = ok & (rate < 1.0)
         distance = residual / jnp.maximum(1.0 - rate, 1e-30)
         ok = ok & (distance <= jnp.maximum(FIXED_POINT_RTOL, 64.0 * eps) * scale)
@@ -835,7 +917,7 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
                              for a, b in zip(x_init, x_now)]) / scale
         at_x_star = (steps * jnp.log(jnp.maximum(rate, 1e-30))
                      + jnp.log(jnp.maximum(travelled, 1.0)))
-        return ok & (at_x_star <= float(np.log(TANGENT_RTOL)))
+        return ok & (at_x_star <= float(np.log(TANGENT_RTOL))), rate
 
     return certified
 
@@ -847,24 +929,15 @@ def _rate_estimate(f, x_star) -> jax.Array:
     (which the tangent's gap follows, ``|J^K| ~ s^K``) and counts part of a
     non-normal ``J``'s transient growth."""
     _, f_x = jax.linearize(lambda *xs: f(list(xs)), *x_star)
-    # A Gaussian vector (fixed key): a structured one (sin(1.7 i + 0.3)) can be an
-    # eigenvector of a fast mode and never see a slow one.
-    keys = jax.random.split(jax.random.key(20261124), len(x_star))
-    v = [jax.random.normal(k, jnp.shape(x), jnp.float32).astype(jnp.result_type(x))
-         for k, x in zip(keys, x_star)]
-
-    def size(xs):
-        return jnp.sqrt(sum(jnp.sum(jnp.abs(x).astype(jnp.float32) ** 2) for x in xs))
 
     def step(_, carry):
         v, log_growth = carry
         w = list(f_x(*v))
-        n = size(w)
+        n = _size(w)
         unit = [wi / jnp.maximum(n, 1e-30).astype(wi.dtype) for wi in w]
         return unit, log_growth + jnp.log(jnp.maximum(n, 1e-30))
 
-    start = size(v)
-    v = [vi / start.astype(vi.dtype) for vi in v]
+    v = _probe_start(x_star)
     _, log_growth = lax.fori_loop(0, RATE_STEPS, step, (v, jnp.float32(0.0)))
     return RATE_MARGIN * jnp.exp(log_growth / RATE_STEPS)
 
@@ -988,18 +1061,28 @@ def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff"):
 class _Solver:
     """``solve(matvec, b)``: ``w`` with ``matvec(w) = b`` on lists of arrays, for
     ``matvec = I - A`` with ``A`` a contraction (the solve and transpose-solve of
-    ``lax.custom_linear_solve``)."""
+    ``lax.custom_linear_solve``).
+
+    ``adjoint=auto`` solves a state of up to ``dense-max-size`` elements densely;
+    a larger one by iterating ``w <- b + A w`` when the certificate measured a
+    rate of at most ``ITERATE_MAX_RATE`` (each step costs one product with ``A``
+    and gains a factor ``1 / rate``), else by BiCGStab (a Krylov method needs
+    far fewer products when the rate is near 1)."""
 
     def __init__(self, options: ImplicitDiff, size: int):
         method = options.adjoint
         if method == "auto":
-            method = "dense" if size <= options.dense_max_size else "bicgstab"
+            method = "dense" if size <= options.dense_max_size else "by-rate"
         self.method = method
         self.max_iter = options.max_iter
         self.tol = options.tol
         self.restart = options.restart
 
-    def __call__(self, matvec, b):
+    def at_rate(self, rate):
+        """The solve for a map whose measured contraction rate is ``rate``."""
+        return functools.partial(self, rate=rate)
+
+    def __call__(self, matvec, b, rate=None):
         b = list(b)
         # Solve in one dtype, at least float32 (half precision has no LU and
         # loses the solve's accuracy; the Krylov solvers mix leaf dtypes), and
@@ -1013,15 +1096,16 @@ class _Solver:
                 return [m.astype(work) for m in inner([wi.astype(d) for wi, d in zip(w, dtypes)])]
 
             b = [x.astype(work) for x in b]
-        if self.method == "fixed-point":
-            w = self._fixed_point(matvec, b)
-        elif self.method == "gmres":
-            w = self._gmres(matvec, b)
-        elif self.method == "bicgstab":
-            w = self._bicgstab(matvec, b)
+        if self.method == "by-rate":
+            fast = jnp.asarray(rate if rate is not None else 1.0) <= ITERATE_MAX_RATE
+            w = lax.cond(fast, lambda b: self._fixed_point(matvec, b),
+                         lambda b: self._bicgstab(matvec, b), b)
         else:
-            w = self._dense(matvec, b)
+            w = getattr(self, self.METHODS[self.method])(matvec, b)
         return [wi.astype(d) for wi, d in zip(w, dtypes)]
+
+    METHODS = {"fixed-point": "_fixed_point", "gmres": "_gmres", "bicgstab": "_bicgstab",
+               "dense": "_dense"}
 
     def _bicgstab(self, matvec, b):
         from jax.scipy.sparse.linalg import bicgstab
@@ -1040,9 +1124,11 @@ class _Solver:
         def step(carry):
             k, w, _ = carry
             new = [wi + bi - mi for wi, bi, mi in zip(w, b, matvec(w))]
-            change = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(n - o)) for n, o in zip(new, w)])
-            scale = 1.0 + functools.reduce(jnp.maximum, [jnp.max(jnp.abs(n)) for n in new])
-            return k + 1, new, (change / scale).astype(jnp.float32)
+            # Relative to the iterate's size (a cotangent of 1e-9 is solved to
+            # the same digits as one of 1); 0 / 0 (b = 0) has converged.
+            change = _largest([n - o for n, o in zip(new, w)])
+            size = _largest(new)
+            return k + 1, new, jnp.where(change == 0, 0.0, change / size)
 
         _, w, _ = lax.while_loop(keep_going, step, (0, b, jnp.float32(jnp.inf)))
         return w

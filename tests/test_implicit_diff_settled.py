@@ -1,0 +1,131 @@
+"""implicit-diff's probe stops where the iterate settles (issue 16's benchmark).
+
+A loop run to a tolerance at the rounding floor, or to a cap long after it
+converged, spends most of its steps repeating its fixed point.  The derivative
+path probes the tangent map only until every state leaf's step is at rounding
+level; the rest of the loop runs as written.  The derivative must stay the
+loop's own: the reference is JAX's forward mode through the original loop (or
+reverse mode through the same iterations written as a ``fori_loop``).
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpr_cc
+from jaxpr_cc.passes import implicit_diff
+
+N = 64
+
+
+def _problem(dtype):
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(N, N))
+    a = 0.9 * a / np.linalg.norm(a, 2)
+    return (jnp.asarray(a, dtype), jnp.asarray(rng.normal(size=N), dtype),
+            jnp.asarray(np.cos(np.arange(N)), dtype))
+
+
+def _floor_loop(cap, c, scale=1.0):
+    """``x <- tanh(A x + theta)`` until the step is exactly 0 or ``cap`` steps:
+    jaxopt's ``FixedPointIteration(tol=0)`` loop."""
+    def loss(a, theta):
+        def keep_going(s):
+            return (s[1] > 0.0) & (s[2] < cap)
+
+        def advance(s):
+            x, _, k = s
+            new = jnp.tanh(a @ x + theta)
+            return new, jnp.sqrt(jnp.sum((new - x) ** 2)), k + 1
+
+        init = (jnp.zeros_like(theta), jnp.asarray(jnp.inf, theta.dtype), 0)
+        x, _, _ = lax.while_loop(keep_going, advance, init)
+        return scale * jnp.dot(c, x)
+    return loss
+
+
+def _unrolled(steps, c, scale=1.0):
+    def loss(a, theta):
+        x = lax.fori_loop(0, steps, lambda _, x: jnp.tanh(a @ x + theta), jnp.zeros_like(theta))
+        return scale * jnp.dot(c, x)
+    return loss
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["float32", "float64"])
+def test_a_loop_run_at_the_rounding_floor_keeps_its_gradient(x64):
+    with jax.enable_x64(x64):
+        dtype = jnp.float64 if x64 else jnp.float32
+        a, theta, c = _problem(dtype)
+        cap = 400
+        program = jaxpr_cc.trace(_floor_loop(cap, c), a, theta)
+        new = jaxpr_cc.run_passes(program, "implicit-diff")
+        want = jax.grad(_unrolled(cap, c), argnums=(0, 1))(a, theta)
+        got = jax.grad(new, argnums=(0, 1))(a, theta)
+        rtol = 1e-10 if x64 else 2e-5
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol,
+                                       atol=rtol * float(jnp.max(jnp.abs(w))))
+        t = jnp.asarray(np.sin(np.arange(N)), dtype)
+        _, jvp_want = jax.jvp(lambda th: _floor_loop(cap, c)(a, th), (theta,), (t,))
+        _, jvp_got = jax.jvp(lambda th: new(a, th), (theta,), (t,))
+        np.testing.assert_allclose(np.asarray(jvp_got), np.asarray(jvp_want), rtol=rtol)
+
+
+def test_the_probe_stops_once_the_iterate_settles():
+    """The probing loop reports how many steps ran after the probe stopped: at
+    the rounding floor, nearly all of them (and it ran at least the steps that
+    measure the rate)."""
+    a, theta, c = _problem(jnp.float32)
+    cap = 400
+    program = jaxpr_cc.trace(_floor_loop(cap, c), a, theta)
+    found = implicit_diff._while_loops(program.body)
+    (region, eqn), = found
+    loop = implicit_diff.match_fixed_point(eqn, result_used=[region.has_users(v)
+                                                              for v in eqn.outputs])
+    probing = implicit_diff._probing_loop(loop, [v.aval for v in eqn.inputs], "probe")
+    operands = [a, theta, jnp.zeros_like(theta), jnp.float32(jnp.inf), 0]
+    *_, count, path = jax.jit(lambda *o: jax.core.eval_jaxpr(probing.jaxpr, (), *o))(*operands)
+    settled_steps = int(path[4])
+    assert int(count) == cap
+    assert implicit_diff.RATE_STEPS <= cap - settled_steps < 100, (int(count), settled_steps)
+
+
+def test_a_small_leaf_still_moving_keeps_the_probe_on():
+    """Two state leaves of very different scales: the large one settles at
+    once, the small one still moves for hundreds of steps.  The probe stays on
+    until both settle, and the derivative is the loop's."""
+    def loss(theta):
+        def keep_going(s):
+            return (s[2] > 0.0) & (s[3] < 3000)
+
+        def advance(s):
+            big, small, _, k = s
+            new_big = 0.1 * big + 1e6
+            new_small = 0.97 * small + 1e-3 * jnp.sin(theta * small + theta)
+            gap = jnp.maximum(jnp.abs(new_big - big), jnp.abs(new_small - small))
+            return new_big, new_small, gap, k + 1
+
+        big, small, _, _ = lax.while_loop(keep_going, advance,
+                                          (jnp.float32(0.0), jnp.float32(0.0), jnp.float32(1.0), 0))
+        return small + 1e-9 * big
+    theta = jnp.float32(0.7)
+    new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, theta), "implicit-diff")
+    _, want = jax.jvp(loss, (theta,), (jnp.float32(1.0),))
+    _, got = jax.jvp(new, (theta,), (jnp.float32(1.0),))
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-4)
+    np.testing.assert_allclose(float(jax.grad(new)(theta)), float(want), rtol=1e-4)
+
+
+@pytest.mark.parametrize("adjoint", ["auto", "fixed-point"])
+def test_an_iterated_adjoint_solves_a_tiny_cotangent_to_the_same_digits(adjoint):
+    """The iterated adjoint stopped on a change below ``tol * (1 + |w|)``: a
+    cotangent of 1e-9 was 'converged' after one step (relative error ~rate^2)."""
+    a, theta, c = _problem(jnp.float32)
+    cap = 400
+    new = jaxpr_cc.run_passes(jaxpr_cc.trace(_floor_loop(cap, c, scale=1e-9), a, theta),
+                              f"implicit-diff{{adjoint={adjoint}}}")
+    want = jax.grad(_unrolled(cap, c, scale=1e-9), argnums=1)(a, theta)
+    got = jax.grad(new, argnums=1)(a, theta)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5,
+                               atol=2e-5 * float(jnp.max(jnp.abs(want))))
