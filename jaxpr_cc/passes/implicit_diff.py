@@ -474,7 +474,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
                              new, old)
 
         def step(c):
-            carries, count, v, log_g, log_h, log_w, recent, since, _ = c
+            carries, count, v, log_g, log_h, log_w, recent, slot, since, _ = c
             running = test(carries) if test_shape else jnp.bool_(True)
 
             new = jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *carries)
@@ -494,30 +494,36 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             dead = norm <= 1e-30
             v = [jnp.where(dead, v0, wi / jnp.maximum(norm, 1e-30).astype(wi.dtype))
                  for wi, v0 in zip(w, v_start)]
-            # (The change in the carries' own precision: a float64 step below
-            # float32's resolution is not zero.)
-            moved = _largest([new[i] - carries[i] for i in state])
+            # Each leaf's largest step and element, in one reduction (the change in
+            # the carries' own precision: a float64 step below float32's
+            # resolution is not zero).
+            steps_and_sizes = [jnp.max(jnp.abs(jnp.stack([jnp.ravel(new[i] - carries[i]),
+                                                           jnp.ravel(new[i])])), axis=1,
+                                       initial=0.0).astype(jnp.float32) for i in state]
+            moved = functools.reduce(jnp.maximum, [m[0] for m in steps_and_sizes])
             log_h = jnp.logaddexp(log_h, -log_g)
             log_w = jnp.logaddexp(log_w, jnp.log(jnp.maximum(moved, 1e-30)) + log_h)
             # The last RATE_STEPS growths: a power iteration along the final
             # iterates (J_k -> J at x*), which the certificate's rate reuses.
-            recent = recent.at[since % RATE_STEPS].set(jnp.log(jnp.maximum(norm, 1e-30)))
+            recent = recent.at[slot].set(jnp.log(jnp.maximum(norm, 1e-30)))
+            slot = jnp.where(slot == RATE_STEPS - 1, 0, slot + 1)
             since = jnp.where(dead, 0, since + 1)
             # Every state leaf's step at rounding level for that leaf's scale (a
             # small leaf still moving keeps the probe on, whatever the largest
             # is); not before the probe has measured J's rate along the final
             # iterates, which the certificate would otherwise measure at x*.
             settled = functools.reduce(jnp.logical_and, [
-                _largest([new[i] - carries[i]]) <= SETTLED_ULPS * ulp * (1.0 + _largest([new[i]]))
-                for i in state], since >= RATE_STEPS)
+                m[0] <= SETTLED_ULPS * ulp * (1.0 + m[1]) for m in steps_and_sizes],
+                since >= RATE_STEPS)
             return (new, count + running.astype(jnp.int32), v, log_g, log_h, log_w, recent,
-                    since, settled & settle)
+                    slot, since, settled & settle)
 
         v = v_start = _probe_start([carry0[i] for i in state])
         minus_inf = jnp.float32(-jnp.inf)
         init = (carry0, jnp.zeros(test_shape, jnp.int32), v, jnp.float32(0.0), minus_inf,
-                minus_inf, jnp.zeros(RATE_STEPS, jnp.float32), jnp.int32(0), jnp.bool_(False))
-        carries, count, _, log_g, log_h, log_w, recent, since, _ = lax.while_loop(
+                minus_inf, jnp.zeros(RATE_STEPS, jnp.float32), jnp.int32(0), jnp.int32(0),
+                jnp.bool_(False))
+        carries, count, _, log_g, log_h, log_w, recent, _, since, _ = lax.while_loop(
             lambda c: jnp.any(test(c[0])) & ~c[-1], step, init)
         settled_at = [carries[i] for i in state]
         rest = jnp.zeros(test_shape, jnp.int32)
