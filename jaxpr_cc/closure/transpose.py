@@ -251,6 +251,43 @@ _ZERO_PRESERVING = ("broadcast_in_dim", "convert_element_type", "reshape", "tran
 _AFFINE = "does not depend on the linear input and is not zero (an affine map, not a linear one)"
 
 
+def _pow_one_linearity(eqn, flags):
+    """``x ** 1`` is ``x``."""
+    return eqn.params["y"] == 1, [True]
+
+
+def _sort_linearity(eqn, flags):
+    """A sort whose keys do not read the linear input permutes its other
+    operands by the keys' order: linear in them (the keys' results are not)."""
+    keys = eqn.params["num_keys"]
+    return not any(flags[:keys]), [False] * keys + list(flags[keys:])
+
+
+def _pow_one_form(eqn, invals):
+    return [invals[0]]
+
+
+def _sort_form(eqn, invals):
+    """The sort as the permutation it applies (a sort of the keys with an index
+    payload) gathered from the other operands, which JAX transposes as a
+    scatter-add."""
+    dim, keys = eqn.params["dimension"], eqn.params["num_keys"]
+    shape = jnp.shape(invals[0])
+    index = jax.lax.broadcasted_iota(jnp.int32, shape, dim)
+    *sorted_keys, order = jax.lax.sort((*invals[:keys], index), dimension=dim,
+                                       is_stable=eqn.params["is_stable"], num_keys=keys)
+    return [*sorted_keys, *[jnp.take_along_axis(x, order, axis=dim) for x in invals[keys:]]]
+
+
+# Primitives JAX gives no transpose rule that are linear for some operands:
+# name -> (whether linear for these flags, and which results then are; the
+# equation's value in a form JAX transposes).
+_LINEAR_FORMS = {
+    "integer_pow": (_pow_one_linearity, _pow_one_form),
+    "sort": (_sort_linearity, _sort_form),
+}
+
+
 _LENIENT = [0]
 # Counts the constants merged into linear values while one jaxpr is analysed
 # (outside lenient passes): see _MERGES.
@@ -497,6 +534,12 @@ def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used=frozenset()):
                 return (Problem(eqn, f"linear_call's linear operand {k - lead} {_AFFINE}"),
                         None, None)
         return None, [True] * n_out, [False] * n_out
+    form = _LINEAR_FORMS.get(name)
+    if form is not None:
+        ok, out_flags = form[0](eqn, flags)
+        if ok:
+            return None, out_flags, [f and all(z for z, g in zip(zeros, flags) if g)
+                                     for f in out_flags]
     sub = _sub_jaxpr(eqn)
     if sub is not None and len(sub.invars) == len(flags):
         # Calls (jit, remat, custom rules' primals, which partial evaluation
@@ -1048,6 +1091,10 @@ def _eval_equations(jaxpr, env: dict, dep: set) -> None:
                 outs, out_flags = list(invals), list(flags)
             elif eqn.primitive.name in _PER_OPERAND and any(flags) and not all(flags):
                 outs, out_flags = jx.eval_equation_per_operand(eqn, invals), list(flags)
+            elif eqn.primitive.name in _LINEAR_FORMS and any(flags) and \
+                    _LINEAR_FORMS[eqn.primitive.name][0](eqn, flags)[0]:
+                linearity_of, form = _LINEAR_FORMS[eqn.primitive.name]
+                outs, out_flags = form(eqn, invals), linearity_of(eqn, flags)[1]
             else:
                 outs = jx.eval_equation(eqn, invals)
                 out_flags = [any(flags)] * len(outs)

@@ -1,0 +1,63 @@
+"""Linear bwds written with primitives JAX cannot transpose (adversary, stop 30).
+
+``g ** 1`` (``integer_pow[y=1]``) and a sort whose keys come from residuals
+(``lax.sort((keys, g), num_keys=1)`` permutes ``g``) are linear in the
+cotangent; forward mode through them was refused.  The reference is
+``jax.jacrev`` of the same function: JAX runs the user's bwd.  A sort keyed by
+the cotangent itself and ``g ** 2`` are not linear and stay refused.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpr_cc
+
+
+def _rule(bwd_body):
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x) * x[::-1]
+
+    f.defvjp(lambda x: (f(x), (x,)), lambda res, g: (bwd_body(res[0], g),))
+    return f
+
+
+def _permuted(x, g):
+    # g reordered by the residual's order, and again along the other axis of a
+    # 2-d view with two keys (the second breaking the first's ties).
+    once = lax.sort((jnp.cos(x), g), num_keys=1)[1]
+    grid_keys = jnp.round(x.reshape(2, 3) * 2.0)
+    twice = lax.sort((grid_keys, -x.reshape(2, 3), g.reshape(2, 3)), dimension=1,
+                     num_keys=2, is_stable=False)[2].reshape(6)
+    return jnp.cos(x) * g + 2.0 * once - twice
+
+
+LINEAR = {
+    "power_one": lambda x, g: jnp.cos(x) * g ** 1,
+    "sorted_by_residual": _permuted,
+}
+X = jnp.array([0.3, -0.7, 1.1, 0.2, -0.4, 0.9])
+
+
+@pytest.mark.parametrize("body", list(LINEAR.values()), ids=list(LINEAR))
+def test_forward_mode_through_a_linear_bwd_jax_cannot_transpose(body):
+    f = _rule(body)
+    want = jax.jacrev(f)(X)
+    for ours in (jaxpr_cc.jit(f), jaxpr_cc.trace(f, X)):
+        np.testing.assert_allclose(np.asarray(jax.jacfwd(ours)(X)), np.asarray(want),
+                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(jax.jacrev(ours)(X)), np.asarray(want),
+                                   rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (lambda x, g: lax.sort((g, jnp.cos(x)), num_keys=1)[0], "sort"),
+    (lambda x, g: jnp.cos(x) * g ** 2, "integer_pow"),
+], ids=["sorted_by_the_cotangent", "power_two"])
+def test_a_nonlinear_bwd_stays_refused(body, fragment):
+    f = _rule(body)
+    with pytest.raises(Exception, match="not linear") as info:
+        jax.jacfwd(jaxpr_cc.jit(f))(X)
+    assert fragment in str(info.value)
