@@ -60,15 +60,16 @@ def test_a_loop_run_at_the_rounding_floor_keeps_its_gradient(x64):
         cap = 400
         program = jaxpr_cc.trace(_floor_loop(cap, c), a, theta)
         new = jaxpr_cc.run_passes(program, "implicit-diff")
-        want = jax.grad(_unrolled(cap, c), argnums=(0, 1))(a, theta)
-        got = jax.grad(new, argnums=(0, 1))(a, theta)
+        want = jax.jit(jax.grad(_unrolled(cap, c), argnums=(0, 1)))(a, theta)
+        got = jax.jit(jax.grad(new, argnums=(0, 1)))(a, theta)
         rtol = 1e-10 if x64 else 2e-5
         for g, w in zip(got, want):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol,
                                        atol=rtol * float(jnp.max(jnp.abs(w))))
         t = jnp.asarray(np.sin(np.arange(N)), dtype)
-        _, jvp_want = jax.jvp(lambda th: _floor_loop(cap, c)(a, th), (theta,), (t,))
-        _, jvp_got = jax.jvp(lambda th: new(a, th), (theta,), (t,))
+        _, jvp_want = jax.jit(lambda th: jax.jvp(lambda th: _floor_loop(cap, c)(a, th),
+                                                 (th,), (t,)))(theta)
+        _, jvp_got = jax.jit(lambda th: jax.jvp(lambda th: new(a, th), (th,), (t,)))(theta)
         np.testing.assert_allclose(np.asarray(jvp_got), np.asarray(jvp_want), rtol=rtol)
 
 
@@ -129,3 +130,29 @@ def test_an_iterated_adjoint_solves_a_tiny_cotangent_to_the_same_digits(adjoint)
     got = jax.grad(new, argnums=1)(a, theta)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5,
                                atol=2e-5 * float(jnp.max(jnp.abs(want))))
+
+
+def test_a_float64_leaf_beside_a_float32_one_settles_at_its_own_rounding():
+    """A float32 leaf settles long before a float64 one stops moving; each leaf
+    is held to its own rounding unit, and the derivative is the loop's."""
+    with jax.enable_x64(True):
+        def loss(theta):
+            def keep_going(s):
+                return (s[2] > 0.0) & (s[3] < 3000)
+
+            def advance(s):
+                x, y, _, k = s
+                new_x = jnp.float32(0.5) * x + theta.astype(jnp.float32)
+                new_y = 0.95 * y + 0.05 * jnp.sin(theta * y + theta)
+                gap = jnp.maximum(jnp.abs(new_x - x).astype(jnp.float64), jnp.abs(new_y - y))
+                return new_x, new_y, gap, k + 1
+
+            x, y, _, _ = lax.while_loop(keep_going, advance,
+                                        (jnp.float32(0.0), jnp.float64(0.0), jnp.float64(1.0), 0))
+            return y + x.astype(jnp.float64)
+        theta = jnp.float64(0.7)
+        new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, theta), "implicit-diff")
+        _, want = jax.jvp(loss, (theta,), (jnp.float64(1.0),))
+        _, got = jax.jvp(new, (theta,), (jnp.float64(1.0),))
+        np.testing.assert_allclose(float(got), float(want), rtol=1e-9)
+        np.testing.assert_allclose(float(jax.grad(new)(theta)), float(want), rtol=1e-9)

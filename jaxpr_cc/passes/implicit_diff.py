@@ -457,7 +457,10 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     n_carry = loop.n_carry
     settle = not test_shape
     f = _state_update(loop, loop.theta)
-    ulp = max(float(jnp.finfo(op_avals[loop.carry_operand(i)].dtype).eps) for i in state)
+    # Each leaf's rounding unit (a float64 leaf beside a float32 one settles at
+    # its own); the bound counts the coarsest.
+    ulps = [float(jnp.finfo(op_avals[loop.carry_operand(i)].dtype).eps) for i in state]
+    ulp = max(ulps)
 
     def probing(*ops):
         cond_consts, body_consts = ops[:cond_n], ops[cond_n:cond_n + body_n]
@@ -513,7 +516,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             # is); not before the probe has measured J's rate along the final
             # iterates, which the certificate would otherwise measure at x*.
             settled = functools.reduce(jnp.logical_and, [
-                m[0] <= SETTLED_ULPS * ulp * (1.0 + m[1]) for m in steps_and_sizes],
+                m[0] <= SETTLED_ULPS * u * (1.0 + m[1]) for m, u in zip(steps_and_sizes, ulps)],
                 since >= RATE_STEPS)
             return (new, count + running.astype(jnp.int32), v, log_g, log_h, log_w, recent,
                     slot, since, settled & settle)
