@@ -1032,24 +1032,35 @@ def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff"):
         return lambda ops, t_ops, certified: [jnp.zeros(out_avals[i].shape, out_avals[i].dtype)
                                               for i in out_idx]
     if p > options.fallback_max_size or out_size * p > budget:
-        def along(ops, t_ops):
+        def along(residuals, t_ops):
             # Forward mode through the loop's iterations along these tangents: the
-            # loop's own derivative, as JAX computes it.
+            # loop's own derivative, as JAX computes it -- run only where the
+            # implicit derivative is not used (JAX never transposes a
+            # linear_call's callee, so the cond costs reverse mode nothing).
+            *ops, certified = residuals
+
             def g_hot(*hv):
                 full = list(ops)
                 for j, v in zip(hot, hv):
                     full[j] = v
                 return loop_outs(*full)
-            return list(jax.jvp(g_hot, tuple(ops[j] for j in hot), tuple(t_ops))[1])
 
-        def refused_transpose(ops, cts):
+            def loop_own(t_ops):
+                return list(jax.jvp(g_hot, tuple(ops[j] for j in hot), tuple(t_ops))[1])
+
+            return lax.cond(certified, lambda t: [jnp.zeros(o.shape, o.dtype)
+                                                  for o in jax.eval_shape(loop_own, t)],
+                            loop_own, list(t_ops))
+
+        def refused_transpose(residuals, cts):
             # Reverse mode would need the loop's Jacobian (too large) or its
             # iterates (not stored): NaN, never a different number.
+            ops = residuals[:-1]
             return [jnp.full(jnp.shape(ops[j]), jnp.nan, op_avals[j].dtype) for j in hot]
 
         def too_large(ops, t_ops, certified):
-            outs = jax.custom_derivatives.linear_call(along, refused_transpose, list(ops),
-                                                      list(t_ops))
+            outs = jax.custom_derivatives.linear_call(along, refused_transpose,
+                                                      [*ops, certified], list(t_ops))
             return [jnp.where(certified, jnp.zeros_like(v), v) for v in outs]
         return too_large
     jac = dense(jacobian_of(loop_outs), options.depth - 1, out_size * p)
