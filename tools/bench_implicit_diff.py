@@ -13,8 +13,10 @@ each N the gradient with respect to ``(A, theta)`` is computed three ways:
   implicit_diff=True)`` (the ``bench`` extra; skipped if jaxopt is missing).
 
 Printed per N: gradient run time (compiled, best of ``--repeat``), XLA's
-compiled temporary memory (``memory_analysis().temp_size_in_bytes``), and the
-time ratios implicit/unrolled and implicit/jaxopt.  The gradients are checked
+compiled temporary memory (``memory_analysis().temp_size_in_bytes``), the
+time ratios implicit/unrolled and implicit/jaxopt, and forward mode: a
+Jacobian-vector product along ``theta`` through the rewritten loop against
+JAX's forward mode through the original ``while_loop`` (``jvp/loop``).  The gradients are checked
 against each other first.  Targets (issue 16): implicit <= 0.4 x unrolled at
 1,000 iterations and faster than jaxopt, in the same run; temporary memory flat
 in N.  The last line says whether the N = 1,000 row meets them.  ``implicit-diff``
@@ -131,7 +133,7 @@ def main() -> None:
           f"implicit-diff{{adjoint={opts.adjoint}}}")
     head = (f"{'N':>6} {'implicit ms':>12} {'unrolled ms':>12} {'jaxopt ms':>10} "
             f"{'impl/unroll':>12} {'impl/jaxopt':>12} {'impl MB':>9} {'unroll MB':>10} "
-            f"{'jaxopt MB':>10}")
+            f"{'jaxopt MB':>10} {'jvp/loop':>9}")
     print(head)
     verdict = None
     for iters in [int(n) for n in opts.iters.split(",")]:
@@ -144,7 +146,13 @@ def main() -> None:
         compiled, memory = {}, {}
         for name, fn in grads.items():
             compiled[name], memory[name] = compile_grad(fn, (a, theta))
-        times = best_times(compiled, (a, theta), opts.repeat)
+        direction = jnp.cos(jnp.arange(DIM, dtype=jnp.float32))
+        forward = {name: jax.jit(lambda a, th, fn=fn: jax.jvp(lambda th: fn(a, th), (th,),
+                                                                (direction,))[1])
+                   for name, fn in [("implicit", rewritten), ("loop", while_loss(iters, c))]}
+        times = best_times({**compiled, **{f"jvp {k}": v for k, v in forward.items()}},
+                           (a, theta), opts.repeat)
+        jvp_ratio = times["jvp implicit"] / times["jvp loop"]
         g_imp, g_unr = compiled["implicit"](a, theta), compiled["unrolled"](a, theta)
         g_opt = compiled["jaxopt"](a, theta) if have_jaxopt else None
         t_imp, t_unr, t_opt = times["implicit"], times["unrolled"], times.get("jaxopt")
@@ -162,7 +170,8 @@ def main() -> None:
         ratio_opt = f"{t_imp / t_opt:>12.3f}" if have_jaxopt else f"{'-':>12}"
         opt_mb = f"{m_opt / 1e6:>10.3f}" if have_jaxopt else f"{'-':>10}"
         print(f"{iters:>6} {t_imp * 1e3:>12.2f} {t_unr * 1e3:>12.2f} {opt_ms} "
-              f"{t_imp / t_unr:>12.3f} {ratio_opt} {m_imp / 1e6:>9.3f} {m_unr / 1e6:>10.3f} {opt_mb}")
+              f"{t_imp / t_unr:>12.3f} {ratio_opt} {m_imp / 1e6:>9.3f} {m_unr / 1e6:>10.3f} {opt_mb} "
+              f"{jvp_ratio:>9.3f}")
         if iters == 1000:
             verdict = (t_imp / t_unr <= 0.4, t_imp / t_opt < 1.0 if have_jaxopt else None)
     print("targets: impl/unroll <= 0.4 at N=1000, impl/jaxopt < 1, implicit MB flat in N")
