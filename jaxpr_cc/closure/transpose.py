@@ -1357,11 +1357,18 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
         return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0).astype(wide)
                                               for x in xs], jnp.zeros((), wide))
 
-    def scaled_size(xs):
-        # Each part's change measured in its own precision's units (eps).
-        return functools.reduce(
-            jnp.maximum, [(jnp.max(jnp.abs(x), initial=0.0) / jnp.finfo(x.dtype).eps)
-                          .astype(wide) for x in xs], jnp.zeros((), wide))
+    def unsettled(changes, values, scale):
+        """Whether some element still changes by more than a unit of its own
+        precision, relative to its own size (a component in small units beside
+        one in large units converges as slowly as it does), or to ``eps`` times
+        the largest value for an element that tends to zero."""
+        out = jnp.bool_(False)
+        for d, x in zip(changes, values):
+            eps = jnp.finfo(x.dtype).eps
+            floor = (eps * scale).astype(wide)
+            out = out | jnp.any(jnp.abs(d).astype(wide) >
+                                eps * jnp.maximum(jnp.abs(x).astype(wide), floor))
+        return out
 
     def may_step(n_vals):
         """(whether the cap lets the loop step, whether lanes of a batched loop
@@ -1372,26 +1379,35 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
             return pred, jnp.bool_(False)
         return jnp.any(pred), jnp.logical_and(jnp.any(pred), jnp.logical_not(jnp.all(pred)))
 
+    # A sum whose terms do not shrink (a mode the transposed map keeps, summed
+    # for ever: the null space of a singular system the forward loop never
+    # meets) "settles" only when its terms fall below its rounding: it has no
+    # limit once it is this many times its largest term.
+    grown = 1.0 / (64.0 * max((float(jnp.finfo(a.dtype).eps) for a in const_avals
+                               if _floating(a.dtype)), default=float(jnp.finfo(wide).eps)))
+
     def keep_going(state):
-        _, _, n_vals, change, _, k = state
+        _, _, n_vals, change, _, k, _ = state
         return functools.reduce(jnp.logical_and, [change, may_step(n_vals)[0], k < _LIMIT_STEPS])
 
     def step(state):
-        v, acc, n_vals, _, give_up, k = state
+        v, acc, n_vals, _, give_up, k, largest_term = state
         g_c, v_new = step_t(v)
         acc_new = [a + g for a, g in zip(acc, g_c)]
-        moved = scaled_size([*[a - b for a, b in zip(v_new, v)], *g_c])
         scale = size([*v_new, *acc_new, *l_bar])
-        # A diverging iteration overflows: it stops there, with no limit to give.
-        diverged = jnp.logical_not(jnp.isfinite(scale))
-        change = jnp.logical_and(moved > scale, jnp.logical_not(diverged))
+        moved = unsettled([*[a - b for a, b in zip(v_new, v)], *g_c], [*v_new, *acc_new], scale)
+        largest_term = jnp.maximum(largest_term, size(g_c))
+        # A diverging iteration overflows: it stops there, with no limit to give;
+        # so does a sum that only grows.
+        diverged = jnp.logical_not(jnp.isfinite(scale)) | (size(acc_new) > grown * largest_term)
+        change = jnp.logical_and(moved, jnp.logical_not(diverged))
         give_up = functools.reduce(jnp.logical_or, [give_up, may_step(n_vals)[1], diverged])
-        return list(v_new), acc_new, n_step(n_vals), change, give_up, k + 1
+        return list(v_new), acc_new, n_step(n_vals), change, give_up, k + 1, largest_term
 
     acc0 = [jnp.zeros(a.shape, a.dtype) for a in const_avals]
-    v, acc, n_vals, change, give_up, _ = jax.lax.while_loop(
+    v, acc, n_vals, change, give_up, _, _ = jax.lax.while_loop(
         keep_going, step, (list(l_bar), acc0, list(n_init), jnp.bool_(True), jnp.bool_(False),
-                           jnp.int32(0)))
+                           jnp.int32(0), jnp.zeros((), wide)))
     # Still changing and not stopped by the cap (no limit to give), diverged, or
     # stopped by caps that differ between lanes: NaN rather than another number.
     unsettled = jnp.logical_or(jnp.logical_and(change, may_step(n_vals)[0]), give_up)

@@ -1,0 +1,66 @@
+"""When the transposed iteration of a bwd's adjoint loop has settled (adversary,
+stop 32).
+
+* Each element is held to its own precision: a component in small units beside
+  one in large units converges as slowly as it does (the settle test compared
+  every change with the largest value, so the small component stopped after two
+  steps: 3.9 where JAX gives 100).
+* A sum whose terms do not shrink has no limit: a bwd that solves a singular
+  system on the projected cotangent transposes to a sum that keeps the null
+  space's part for ever; it "settled" when its terms fell below its rounding and
+  gave a finite wrong tangent.  It is NaN, as a diverging iteration is.
+
+References: ``jax.jacrev`` (JAX runs the user's bwd) and closed forms.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpr_cc
+
+SLOW = jnp.array([[0.0, 0.0], [0.0, 0.99]])
+
+
+def _adjoint_fixed_point(scales):
+    @jax.custom_vjp
+    def f(y):
+        return y
+
+    def bwd(_, g):
+        step = lambda c: (c[1], g + SLOW.T @ c[1])  # noqa: E731
+        return (jax.lax.while_loop(lambda c: jnp.max(jnp.abs(c[1] - c[0])) > 1e-5, step,
+                                   (g, g + SLOW.T @ g))[1],)
+
+    f.defvjp(lambda y: (y, None), bwd)
+    return lambda x: f(jnp.asarray(scales, jnp.float32) * x)
+
+
+@pytest.mark.parametrize("large", [1e3, 1e7])
+def test_a_small_component_beside_a_large_one_converges_as_slowly_as_it_does(large):
+    f = _adjoint_fixed_point([large, 1.0])
+    x = jnp.float32(0.5)
+    want = np.array([large, 100.0])      # (I - SLOW)^-1 [large, 1]
+    np.testing.assert_allclose(np.asarray(jax.jacrev(f)(x)), want, rtol=1e-4)
+    for ours in (jaxpr_cc.jit(f), jaxpr_cc.trace(f, x)):
+        np.testing.assert_allclose(np.asarray(jax.jacfwd(ours)(x)), want, rtol=1e-4)
+
+
+def test_a_sum_that_keeps_a_mode_for_ever_is_nan():
+    laplacian = jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(_, g):
+        g0 = g - jnp.mean(g)  # the range of the singular Laplacian
+        step = lambda c: (c[1], c[1] + 0.3 * (g0 - laplacian @ c[1]))  # noqa: E731
+        return (jax.lax.while_loop(lambda c: jnp.max(jnp.abs(c[1] - c[0])) > 1e-6, step,
+                                   (jnp.zeros(2), 0.3 * g0))[1],)
+
+    f.defvjp(lambda x: (jnp.sin(x), None), bwd)
+    x, t = jnp.array([0.3, -1.2]), jnp.array([1.0, 0.0])
+    np.testing.assert_allclose(np.asarray(jax.jacrev(f)(x) @ t), [0.25, -0.25], rtol=1e-5)
+    got = np.asarray(jax.jvp(jaxpr_cc.jit(f), (x,), (t,))[1])
+    assert np.isnan(got).all(), got
