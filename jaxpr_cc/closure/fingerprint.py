@@ -10,16 +10,20 @@ variable it closes over was rebound).
 
 ``fingerprint(obj)`` walks everything a function can read:
 
-* a function: its code, closure cells, defaults, and the globals its code (and
-  nested code) names; each of those is walked in turn;
+* a function: its code, closure cells, defaults, attributes, the globals its code
+  (and nested code) names, and the program's own modules it imports; each of
+  those is walked in turn;
 * a module: its attributes that any code met in the walk names, as an attribute or
   a string constant (``config.dt``, ``pkg.settings.dt``, ``physics.force``,
-  ``getattr(config, "dt")``), walked in turn; modules are walked last, with every
+  ``getattr(config, "dt")``), and a program module's PEP 562 ``__getattr__``,
+  walked in turn; modules are walked last, with every
   name the walk met, and again while that walk meets new names or modules;
-* a class: every attribute of every class in its MRO (data, functions,
-  ``staticmethod``/``classmethod``/``property`` targets), walked in turn;
-* ``functools.partial`` parts, bound methods' function and ``self``, and plain
-  objects' ``__dict__``, ``__slots__`` and class;
+* a class: every attribute of every class in its MRO and its metaclass's (data,
+  functions, ``staticmethod``/``classmethod``/``property`` targets), walked in turn;
+* ``functools.partial`` parts and attributes, bound methods' function and
+  ``self`` (C methods' too: ``cfg.get``), what a ``MappingProxyType``, a dict
+  view or a weak reference shows, and plain objects' ``__dict__``, ``__slots__``
+  and class (a program's own object with ``__jax_array__`` too);
 * built-in containers by content, mutable ones included (``list``, ``dict``,
   ``set``, ``deque``, ``bytearray``, ``array.array``, a ``memoryview``'s current
   bytes), with a subclass instance's attributes and class and a ``defaultdict``'s
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import array
 import collections
+import dis
 import functools
 import hashlib
 import os
@@ -46,6 +51,7 @@ import struct
 import sys
 import sysconfig
 import types
+import weakref
 from typing import Any
 
 import numpy as np
@@ -128,15 +134,28 @@ class Fingerprinter:
             return self._function(obj)
         if isinstance(obj, types.MethodType):
             return ("method", self(obj.__func__), self(obj.__self__))
+        if isinstance(obj, _BOUND_BUILTINS) and not isinstance(
+                getattr(obj, "__self__", None), (types.ModuleType, type(None))):
+            # ``cfg.get``, ``cfg.__getitem__``: a C method reads its object.
+            return ("bound", self._opaque(obj), self(obj.__self__))
+        if isinstance(obj, types.MappingProxyType):
+            return ("mappingproxy", self(dict(obj)))
+        if isinstance(obj, _DICT_VIEWS):
+            return (type(obj).__name__, tuple(self(x) for x in tuple(obj)))
+        if isinstance(obj, weakref.ref) and type(obj) is weakref.ref:
+            return ("weakref", self(obj()))
         if isinstance(obj, (staticmethod, classmethod)):
             return (type(obj), self(obj.__func__))
         if isinstance(obj, property):
             return ("property", self(obj.fget), self(obj.fset), self(obj.fdel))
         if isinstance(obj, functools.partial):
-            return ("partial", self(obj.func), self(obj.args), self(obj.keywords))
+            return ("partial", self(obj.func), self(obj.args), self(obj.keywords),
+                    self(getattr(obj, "__dict__", None)))
         if isinstance(obj, (types.BuiltinFunctionType, types.CodeType)):
             return self._opaque(obj)
-        if _is_array_like(obj):
+        if _is_array_like(obj) and (_in_library(type(obj)) or not hasattr(obj, "__dict__")):
+            # (A program's own class with ``__jax_array__`` is walked as an object:
+            # its attributes are what the array is made from.)
             return self._opaque(obj)
         if _in_library(type(obj)) and callable(obj) and hasattr(obj, "__wrapped__"):
             # A library's wrapper (``jax.jit``): fixed at creation, so its identity
@@ -191,6 +210,11 @@ class Fingerprinter:
         from its ``__dict__``: no lazy import, no deprecation warning)."""
         self.keepalive.append(module)
         self.modules.setdefault(id(module), module)
+        if callable(vars(module).get("__getattr__")) and not _is_library_file(
+                getattr(module, "__file__", None) or ""):
+            # PEP 562: an attribute the module's dict lacks is what its
+            # ``__getattr__`` returns, so that function (and what it reads) counts.
+            self.names.add("__getattr__")
         return ("module", module.__name__)
 
     def _class(self, cls: type) -> tuple:
@@ -199,7 +223,8 @@ class Fingerprinter:
         read them as ``Cls.c``, ``self.c`` or ``self.method(...)``, and any can be
         rebound between calls."""
         out = [self._opaque(cls)]
-        for c in cls.__mro__:
+        # A class attribute may live on a program's own metaclass (``Meta.k``).
+        for c in (*cls.__mro__, *(m for m in type(cls).__mro__ if m is not type)):
             if _in_library(c):
                 continue
             for name, value in list(vars(c).items()):
@@ -216,8 +241,15 @@ class Fingerprinter:
         cells = tuple(self(_cell_contents(c)) for c in (fn.__closure__ or ()))
         g = fn.__globals__
         names = tuple(n for n in sorted(code_names) if n in g)
+        # Modules the code imports itself (``import cfg`` inside the function):
+        # a program's own module is walked like one it reads as a global.
+        imported = tuple(self(sys.modules[n]) for n in sorted(_imported_names(fn.__code__))
+                         if n not in g and n in sys.modules
+                         and not _is_library_file(getattr(sys.modules[n], "__file__", None)
+                                                  or ""))
         return ("function", fn.__code__, cells, self(fn.__defaults__),
-                self(fn.__kwdefaults__), tuple((n, self(g[n])) for n in names))
+                self(fn.__kwdefaults__), tuple((n, self(g[n])) for n in names), imported,
+                self(getattr(fn, "__dict__", None) or None))
 
 
 def fingerprint(obj, keepalive: list, max_nodes: int = MAX_NODES):
@@ -231,6 +263,11 @@ def fingerprint(obj, keepalive: list, max_nodes: int = MAX_NODES):
         return None
     return out
 
+
+# C methods bound to an object (``{}.get``, ``{}.__getitem__``).
+_BOUND_BUILTINS = (types.BuiltinMethodType, types.MethodWrapperType)
+# Live views of a dict's content.
+_DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
 
 # Built-in containers walked by content (``bytes`` is a scalar above; a subclass of
 # it, like one of any of these, is walked with its attributes).
@@ -271,6 +308,16 @@ def _global_names(code: types.CodeType) -> frozenset:
             names |= _global_names(c)
         elif isinstance(c, str) and c.isidentifier():
             names.add(c)
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=4096)
+def _imported_names(code: types.CodeType) -> frozenset:
+    """The modules ``code`` (and code nested in it) imports by name."""
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname == "IMPORT_NAME"}
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _imported_names(c)
     return frozenset(names)
 
 

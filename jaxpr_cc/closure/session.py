@@ -131,13 +131,15 @@ class TraceSession:
         flat, in_tree = tree_util.tree_flatten(dyn)
         avals = tuple(jx.typeof(x) for x in flat)
         # Reuse needs the same rule *and* the same closed-over values: the fingerprint
-        # covers everything the rules and the static arguments can read.
-        seen = fingerprint((_rule_functions(kind, custom), static), self.keepalive)
+        # covers everything the rules, the static arguments and the arguments'
+        # static pytree data can read (_readable_state); the key adds JAX's
+        # configuration (a call under ``jax.enable_x64`` traces to other dtypes).
+        seen = fingerprint(_readable_state(kind, custom, static, in_tree), self.keepalive)
         # An input JAX could never perturb (a constant, a stop_gradient) gets no
         # tangent: a rule defined with symbolic_zeros=True sees a SymbolicZero for it,
         # and a rule none of whose inputs can be perturbed is never run by JAX.
         perturbed = tuple(is_inexact(a) and self.perturbable(x) for x, a in zip(flat, avals))
-        key = (kind, id(custom), seen, in_tree, avals, perturbed)
+        key = (kind, id(custom), seen, in_tree, avals, perturbed, jx.trace_context())
         self.keepalive.append(custom)
         if seen is not None:
             pending = self.in_progress.get(key)
@@ -376,8 +378,9 @@ class TraceSession:
         inputs are perturbed (docs/closure.md)."""
         if key is None:
             return lambda: False
-        seen = key[2]
-        return lambda: fingerprint((_rule_functions(kind, custom), static), self.keepalive) == seen
+        seen, in_tree = key[2], key[3]
+        return lambda: fingerprint(_readable_state(kind, custom, static, in_tree),
+                                   self.keepalive) == seen
 
     def _variants_allowed(self, needed: bool = False) -> bool:
         """Per-pattern variants only for a rule called outside other rules' bodies:
@@ -850,6 +853,37 @@ def _structure(p_jaxpr, static) -> tuple:
         except TypeError:
             return ("object", id(x))
     return (str(p_jaxpr), tuple(shape(x) for x in static))
+
+
+def _readable_state(kind, custom, static, in_tree) -> tuple:
+    """What a call's rules can read besides its arrays, fingerprinted for reuse:
+    the rule functions, the static arguments, and the arguments' static pytree
+    data (by type and bits: a ``-0.0`` field equals ``0.0``, so the structures
+    compare equal)."""
+    return _rule_functions(kind, custom), static, _node_data(in_tree)
+
+
+def _node_data(treedef) -> tuple:
+    """The static data of a pytree structure's nodes that equality can confuse
+    (a dataclass's or Module's static fields, dict keys that are not strings),
+    in order; structures of tuples, lists, None and string-keyed dicts, which
+    compare exactly, give ``()``."""
+    out = []
+    todo = [treedef]
+    while todo:
+        node = todo.pop()
+        data = node.node_data()
+        if data is not None:
+            kind, aux = data
+            if kind not in _EXACT_NODES and not (
+                    kind is dict and all(isinstance(k, str) for k in aux)):
+                out.append(data)
+        todo.extend(reversed(node.children()))
+    return tuple(out)
+
+
+#: Pytree node types whose structure equality is exact (no static data).
+_EXACT_NODES = (tuple, list, type(None))
 
 
 def _rule_functions(kind: str, custom) -> tuple:

@@ -1,0 +1,216 @@
+"""A rule is reused only when nothing it reads changed (adversary, stop 32).
+
+Each program calls one custom function three times and changes, between the
+calls, state the primal and the rule read through a path the fingerprint did
+not walk: a function's or a partial's attributes, a C method or view of a dict,
+a weak reference, a module imported inside the function or served by a PEP 562
+``__getattr__``, a metaclass attribute, a program object with
+``__jax_array__``, static pytree data that compares equal but is not
+(``0.0``/``-0.0``, ``1.0``/``1``/``True``), and JAX's configuration
+(``enable_x64``).  jaxpr-cc reused the first call's rules, so even the value was
+wrong.  Reference: JAX itself (eager and ``jax.jit``).
+"""
+import dataclasses
+import functools
+import sys
+import types
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpr_cc
+
+KS = (2.0, 5.0, 7.0)
+
+
+def _three_calls(read, write):
+    """A custom_jvp whose primal and jvp read ``read()``, called once per k."""
+    @jax.custom_jvp
+    def g(x):
+        return jnp.sin(x) + read()
+
+    g.defjvp(lambda p, t: (g(p[0]), t[0] * read()))
+
+    def f(x):
+        out = 0.0
+        for k in KS:
+            write(k)
+            out = out + g(x)
+        return out
+    return f
+
+
+def _function_attribute():
+    def scale():
+        return scale.k
+    scale.k = 1.0
+    return scale, lambda k: setattr(scale, "k", k)
+
+
+def _partial_attribute():
+    pp = functools.partial(lambda: 0.0)
+    pp.k = 1.0
+    return (lambda: pp.k), lambda k: setattr(pp, "k", k)
+
+
+def _dict_method():
+    cfg = {"k": 1.0}
+    get = cfg.get
+    return (lambda: get("k")), lambda k: cfg.__setitem__("k", k)
+
+
+def _dict_getitem():
+    cfg = {"k": 1.0}
+    item = cfg.__getitem__
+    return (lambda: item("k")), lambda k: cfg.__setitem__("k", k)
+
+
+def _mapping_proxy():
+    cfg = {"k": 1.0}
+    view = types.MappingProxyType(cfg)
+    return (lambda: view["k"]), lambda k: cfg.__setitem__("k", k)
+
+
+def _dict_values():
+    cfg = {"k": 1.0}
+    values = cfg.values()
+    return (lambda: next(iter(values))), lambda k: cfg.__setitem__("k", k)
+
+
+class _Settings:
+    k = 1.0
+
+
+def _weak_reference():
+    obj = _Settings()
+    ref = weakref.ref(obj)
+    _weak_reference.keep = obj
+    return (lambda: ref().k), lambda k: setattr(obj, "k", k)
+
+
+def _metaclass_attribute():
+    meta = type("Meta", (type,), {"k": 1.0})
+    with_meta = meta("WithMeta", (), {})
+    return (lambda: with_meta.k), lambda k: setattr(meta, "k", k)
+
+
+def _jax_array_object():
+    class Box:
+        v = 1.0
+
+        def __jax_array__(self):
+            return jnp.asarray(self.v, jnp.float32)
+
+    box = Box()
+    return (lambda: jnp.asarray(box)), lambda k: setattr(box, "v", k)
+
+
+def _module(tmp_path, name, source):
+    (tmp_path / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        __import__(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+    return sys.modules[name]
+
+
+def _imported_inside(tmp_path):
+    module = _module(tmp_path, "jaxpr_cc_test_settings_import", "dt = 1.0\n")
+
+    def read():
+        import jaxpr_cc_test_settings_import
+        return jaxpr_cc_test_settings_import.dt
+    return read, lambda k: setattr(module, "dt", k)
+
+
+def _module_getattr(tmp_path):
+    module = _module(tmp_path, "jaxpr_cc_test_settings_lazy",
+                     "_SETTINGS = {'dt': 1.0}\n"
+                     "def __getattr__(name):\n"
+                     "    try:\n        return _SETTINGS[name]\n"
+                     "    except KeyError:\n        raise AttributeError(name)\n")
+    return (lambda: module.dt), lambda k: module._SETTINGS.__setitem__("dt", k)
+
+
+STATE = {"function_attribute": _function_attribute, "partial_attribute": _partial_attribute,
+         "dict_get": _dict_method, "dict_getitem": _dict_getitem,
+         "mapping_proxy": _mapping_proxy, "dict_values": _dict_values,
+         "weak_reference": _weak_reference, "metaclass_attribute": _metaclass_attribute,
+         "jax_array_object": _jax_array_object}
+MODULES = {"imported_inside": _imported_inside, "module_getattr": _module_getattr}
+
+
+def _check(f):
+    x = jnp.float32(0.3)
+    want_value, want_grad = float(f(x)), float(jax.grad(f)(x))
+    np.testing.assert_allclose(want_value, 3 * np.sin(0.3) + sum(KS), rtol=1e-6)
+    for ours in (jaxpr_cc.trace(f, x), jaxpr_cc.jit(f)):
+        np.testing.assert_allclose(float(ours(x)), want_value, rtol=1e-6)
+        np.testing.assert_allclose(float(jax.grad(ours)(x)), want_grad, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", list(STATE.values()), ids=list(STATE))
+def test_state_read_through_an_object_is_seen(make):
+    _check(_three_calls(*make()))
+
+
+@pytest.mark.parametrize("make", list(MODULES.values()), ids=list(MODULES))
+def test_state_of_a_program_module_is_seen(make, tmp_path):
+    _check(_three_calls(*make(tmp_path)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    w: jax.Array
+    z: object
+
+
+jax.tree_util.register_dataclass(Config, data_fields=["w"], meta_fields=["z"])
+
+
+def test_static_pytree_data_is_compared_by_type_and_bits():
+    @jax.custom_jvp
+    def angle(c, x):
+        return x * c.w * jnp.arctan2(c.z, -1.0)   # pi at +0.0, -pi at -0.0
+
+    angle.defjvp(lambda p, t: (angle(*p), t[1] * p[0].w * jnp.arctan2(p[0].z, -1.0)))
+
+    @jax.custom_jvp
+    def kind(c, x):
+        return x * c.w * {bool: 100.0, int: 10.0}.get(type(c.z), 1.0)
+
+    kind.defjvp(lambda p, t: (kind(*p), t[1]))
+
+    def f(x, w):
+        return (angle(Config(w, 0.0), x) - angle(Config(w, -0.0), x),
+                kind(Config(w, 1.0), x) + kind(Config(w, 1), x) + kind(Config(w, True), x))
+
+    x, w = jnp.float32(0.3), jnp.float32(1.0)
+    want = [float(v) for v in jax.jit(f)(x, w)]
+    np.testing.assert_allclose(want, [0.6 * np.pi, 33.3], rtol=1e-6)
+    for ours in (jaxpr_cc.trace(f, x, w), jaxpr_cc.jit(f)):
+        np.testing.assert_allclose([float(v) for v in ours(x, w)], want, rtol=1e-6)
+
+
+def test_a_call_under_another_jax_configuration_is_traced_again():
+    @jax.custom_jvp
+    def g(x):
+        return x + jnp.arange(3).dtype.itemsize   # 4 without x64, 8 with it
+
+    g.defjvp(lambda p, t: (g(p[0]), t[0]))
+
+    def f(x):
+        a = g(x)
+        with jax.enable_x64(True):
+            b = g(x)
+        return a, b
+
+    x = jnp.float32(0.5)
+    want = [float(v) for v in jax.jit(f)(x)]
+    assert want == [4.5, 8.5]
+    for ours in (jaxpr_cc.trace(f, x), jaxpr_cc.jit(f)):
+        assert [float(v) for v in ours(x)] == want
