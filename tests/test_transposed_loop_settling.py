@@ -64,3 +64,25 @@ def test_a_sum_that_keeps_a_mode_for_ever_is_nan():
     np.testing.assert_allclose(np.asarray(jax.jacrev(f)(x) @ t), [0.25, -0.25], rtol=1e-5)
     got = np.asarray(jax.jvp(jaxpr_cc.jit(f), (x,), (t,))[1])
     assert np.isnan(got).all(), got
+
+
+def test_a_slowly_contracting_sum_has_a_limit():
+    """Rate 0.999995 in float32: the sum reaches 2e5 times its first term, its
+    terms shrinking slowly.  A test of the sum's size against its largest term
+    took that for a sum that only grows (NaN); the terms' decay is what tells."""
+    rho = 0.999995
+
+    @jax.custom_vjp
+    def f(y):
+        return y
+
+    def bwd(_, g):
+        step = lambda c: (c[1], g + rho * c[1])  # noqa: E731
+        return (jax.lax.while_loop(lambda c: jnp.abs(c[1] - c[0]) > 1e-7 * jnp.abs(c[1]), step,
+                                   (g, g + rho * g))[1],)
+
+    f.defvjp(lambda y: (y, None), bwd)
+    x = jnp.float32(0.5)
+    exact = 1.0 / (1.0 - rho)
+    assert abs(float(jax.grad(f)(x)) - exact) < 0.05 * exact   # JAX's float32 loop
+    np.testing.assert_allclose(float(jax.jacfwd(jaxpr_cc.jit(f))(x)), exact, rtol=0.05)

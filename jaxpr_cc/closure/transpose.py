@@ -1326,6 +1326,8 @@ def _floating(dtype) -> bool:
 #: an iteration cap gives up (its results are then NaN): an iteration that
 #: neither converges nor overflows (a rotation) would otherwise run forever.
 _LIMIT_STEPS = 1 << 24
+#: Steps over which the terms of a transposed sum must shrink (``_transposed_limit``).
+_DECAY_WINDOW = 1024
 
 
 def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
@@ -1379,35 +1381,36 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
             return pred, jnp.bool_(False)
         return jnp.any(pred), jnp.logical_and(jnp.any(pred), jnp.logical_not(jnp.all(pred)))
 
-    # A sum whose terms do not shrink (a mode the transposed map keeps, summed
-    # for ever: the null space of a singular system the forward loop never
-    # meets) "settles" only when its terms fall below its rounding: it has no
-    # limit once it is this many times its largest term.
-    grown = 1.0 / (64.0 * max((float(jnp.finfo(a.dtype).eps) for a in const_avals
-                               if _floating(a.dtype)), default=float(jnp.finfo(wide).eps)))
-
     def keep_going(state):
         _, _, n_vals, change, _, k, _ = state
         return functools.reduce(jnp.logical_and, [change, may_step(n_vals)[0], k < _LIMIT_STEPS])
 
     def step(state):
-        v, acc, n_vals, _, give_up, k, largest_term = state
+        v, acc, n_vals, _, give_up, k, (window, before) = state
         g_c, v_new = step_t(v)
         acc_new = [a + g for a, g in zip(acc, g_c)]
         scale = size([*v_new, *acc_new, *l_bar])
         moved = unsettled([*[a - b for a, b in zip(v_new, v)], *g_c], [*v_new, *acc_new], scale)
-        largest_term = jnp.maximum(largest_term, size(g_c))
-        # A diverging iteration overflows: it stops there, with no limit to give;
-        # so does a sum that only grows.
-        diverged = jnp.logical_not(jnp.isfinite(scale)) | (size(acc_new) > grown * largest_term)
+        # A sum whose terms do not shrink (a mode the transposed map keeps, summed
+        # for ever: the null space of a singular system the forward loop never
+        # meets) "settles" only when its terms fall below its rounding: no limit.
+        # Its largest term over a window of steps is no smaller than over the one
+        # before (a slow contraction's is, by rate^window; an oscillating one's too).
+        window = jnp.maximum(window, size(g_c))
+        boundary = (k + 1) % _DECAY_WINDOW == 0
+        kept = boundary & (k + 1 >= 2 * _DECAY_WINDOW) & (window > 0) & (window >= before)
+        before = jnp.where(boundary, window, before)
+        window = jnp.where(boundary, jnp.zeros_like(window), window)
+        # A diverging iteration overflows: it stops there, with no limit to give.
+        diverged = jnp.logical_not(jnp.isfinite(scale)) | kept
         change = jnp.logical_and(moved, jnp.logical_not(diverged))
         give_up = functools.reduce(jnp.logical_or, [give_up, may_step(n_vals)[1], diverged])
-        return list(v_new), acc_new, n_step(n_vals), change, give_up, k + 1, largest_term
+        return list(v_new), acc_new, n_step(n_vals), change, give_up, k + 1, (window, before)
 
     acc0 = [jnp.zeros(a.shape, a.dtype) for a in const_avals]
     v, acc, n_vals, change, give_up, _, _ = jax.lax.while_loop(
         keep_going, step, (list(l_bar), acc0, list(n_init), jnp.bool_(True), jnp.bool_(False),
-                           jnp.int32(0), jnp.zeros((), wide)))
+                           jnp.int32(0), (jnp.zeros((), wide), jnp.zeros((), wide))))
     # Still changing and not stopped by the cap (no limit to give), diverged, or
     # stopped by caps that differ between lanes: NaN rather than another number.
     unsettled = jnp.logical_or(jnp.logical_and(change, may_step(n_vals)[0]), give_up)
