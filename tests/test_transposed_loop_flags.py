@@ -110,3 +110,65 @@ def test_a_squared_norm_test_that_computes_the_change_twice(size):
         want = jax.jacrev(f)(x)
         np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.trace(f, x))(x), want, rtol=1e-9,
                                    atol=1e-12)
+
+
+HALF = 0.5
+
+
+def _flag_rule(bwd):
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), bwd)
+    return f
+
+
+def _cap_in_the_flag(r, g):
+    # flag = converging & under the cap, computed in the body (adversary, stop 32)
+    def body(c):
+        k, u, _ = c
+        new = g + HALF * u
+        return k + 1, new, (jnp.abs(new - u) > 1e-6) & (k + 1 < 3)
+    return (lax.while_loop(lambda c: c[2], body, (0, g, True))[1],)
+
+
+def _residual_in_the_flag(r, g):
+    def body(c):
+        k, u, _ = c
+        new = g + HALF * u
+        return k + 1, new, (jnp.abs(new - u) > 1e-6) & (r > 1.0)
+    return (lax.while_loop(lambda c: c[2], body, (0, g, True))[1],)
+
+
+def _flag_starts_stopped(r, g):
+    def body(c):
+        k, u, _ = c
+        new = g + HALF * u
+        return k + 1, new, jnp.abs(new - u) > 1e-6
+    return (lax.while_loop(lambda c: c[2], body, (0, g, r > 1.0))[1],)
+
+
+def _gap_starts_converged(r, g):
+    def body(c):
+        u, _ = c
+        new = g + HALF * u
+        return new, jnp.abs(new - u)
+    return (lax.while_loop(lambda c: c[1] > 1e-6, body,
+                           (g, jnp.where(r > 1.0, jnp.inf, 0.0)))[0],)
+
+
+@pytest.mark.parametrize("bwd, steps", [(_cap_in_the_flag, 3), (_residual_in_the_flag, 1),
+                                        (_flag_starts_stopped, 0), (_gap_starts_converged, 0)],
+                         ids=["cap_in_the_flag", "residual_in_the_flag", "flag_starts_stopped",
+                              "gap_starts_converged"])
+def test_a_flag_or_gap_that_stops_the_loop_before_its_limit(bwd, steps):
+    """The loop's carried flag holds a cap or a condition on a residual, or the
+    flag (a gap) starts "converged": the loop runs ``steps`` steps, not to its
+    limit; forward mode transposes those steps (it gave the limit, 2.0)."""
+    f = _flag_rule(bwd)
+    x = jnp.float32(0.3)   # the residual r = x: r > 1 is false
+    want = sum(HALF ** j for j in range(steps + 1))
+    np.testing.assert_allclose(float(jax.grad(f)(x)), want, rtol=1e-6)
+    for ours in (jaxpr_cc.jit(f), jaxpr_cc.trace(f, x)):
+        np.testing.assert_allclose(float(jax.jacfwd(ours)(x)), want, rtol=1e-6)

@@ -643,18 +643,58 @@ def _cond_reads(cond, cond_n: int, m: int) -> list[int]:
     return [i for i in range(m) if used[cond_n + i]]
 
 
+def held(jaxpr, tags: dict):
+    """``run(consts, args) -> outputs``: ``jaxpr`` (a loop's condition or body,
+    read with ``tags`` from ``convergence_test``) evaluated with its convergence
+    test held at "not converged": each comparison that makes the test gives
+    that answer (a big test holds, a small one does not); everything else --
+    iteration caps on counters and constants, conditions on values the loop
+    does not iterate, the ``and``/``or``/``not`` joining them -- is evaluated.
+    A flag the body computes and carries (``(|u' - u| > tol) & (k < n)``) then
+    holds only its cap, which the condition reads as the flag."""
+    def is_test(v) -> bool:
+        t = tags.get(v)
+        return t is not None and t.kind in ("big", "small")
+
+    def run(jaxpr, consts, args):
+        env = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+
+        def read(a):
+            return a.val if isinstance(a, jx.Literal) else env[a]
+
+        for eqn in jaxpr.eqns:
+            sub = sub_jaxpr(eqn)
+            if sub is not None and len(sub.invars) == len(eqn.invars):
+                params = next(eqn.params[k] for k in CALL_PARAMS if eqn.params.get(k) is not None)
+                outs = run(sub, getattr(params, "consts", ()), [read(a) for a in eqn.invars])
+            elif eqn.outvars and all(is_test(v) for v in eqn.outvars) and not any(
+                    is_test(a) for a in eqn.invars if not isinstance(a, jx.Literal)):
+                outs = [jnp.full(v.aval.shape, tags[v].kind == "big") for v in eqn.outvars]
+            else:
+                outs = jx.eval_equation(eqn, [read(a) for a in eqn.invars])
+            env.update(zip(eqn.outvars, outs))
+        return [read(a) for a in jaxpr.outvars]
+
+    return lambda consts, args: run(jaxpr, consts, list(args))
+
+
 def loop_cap(cond, tags: dict):
     """``cap(cond_consts_and_carries) -> bool``: the exit test of a loop whose
     convergence test was read (``tags`` from ``convergence_test``) with that test
-    held at "not converged" -- what is left is its iteration cap (``k < max``,
-    read from counters and constants); None when there is none.  A loop with a
-    cap may stop before it converges, after exactly as many steps as the cap
-    allows whatever its carries hold."""
+    held at "not converged" (``held``) -- what is left is its iteration cap
+    (``k < max``, read from counters and constants, directly or through a flag
+    the body carries, whose value the caller computes with the body held too);
+    None when the test reads neither.  A loop with a cap may stop before it
+    converges, after exactly as many steps as the cap allows whatever its
+    carries hold."""
     def is_test(v) -> bool:
         t = tags.get(v)
         return t is not None and t.kind in ("big", "small")
 
     def reads_cap(jaxpr) -> bool:
+        if any(is_test(v) for v in jaxpr.invars):
+            return True   # a carried flag, which may hold a cap
         for eqn in jaxpr.eqns:
             sub = sub_jaxpr(eqn)
             if sub is not None and reads_cap(sub):
@@ -667,38 +707,10 @@ def loop_cap(cond, tags: dict):
 
     if not reads_cap(cond):
         return None
-
-    def run(jaxpr, consts, args):
-        env = dict(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, args))
-        for v in jaxpr.invars:
-            if is_test(v):
-                # A convergence flag the body computes and carries (``done``,
-                # ``not_converged``), held at "not converged" too: its value in a
-                # run of another iteration (the transposed one) says nothing.
-                env[v] = jnp.full(v.aval.shape, tags[v].kind == "big", v.aval.dtype)
-
-        def read(a):
-            return a.val if isinstance(a, jx.Literal) else env[a]
-
-        for eqn in jaxpr.eqns:
-            sub = sub_jaxpr(eqn)
-            if sub is not None and len(sub.invars) == len(eqn.invars):
-                params = next(eqn.params[k] for k in CALL_PARAMS if eqn.params.get(k) is not None)
-                outs = run(sub, getattr(params, "consts", ()), [read(a) for a in eqn.invars])
-            elif all(is_test(v) for v in eqn.outvars) and not any(
-                    is_test(a) for a in eqn.invars if not isinstance(a, jx.Literal)):
-                # The comparison that makes the test, held at "not converged": a
-                # big test holds, a small one does not (the and/or/not joining
-                # it with the cap are evaluated).
-                outs = [jnp.full(v.aval.shape, tags[v].kind == "big") for v in eqn.outvars]
-            else:
-                outs = jx.eval_equation(eqn, [read(a) for a in eqn.invars])
-            env.update(zip(eqn.outvars, outs))
-        return [read(a) for a in jaxpr.outvars]
+    run = held(cond, tags)
 
     def cap(consts, args):
-        (result,) = run(cond, consts, list(args))
+        (result,) = run(consts, args)
         return result
 
     return cap

@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import jax_adapter as jx
 from ..jax_adapter import ClosedJaxpr, Literal
-from .convergence import COUNTER, STATE, carry_kinds, convergence_test, loop_cap
+from .convergence import COUNTER, STATE, carry_kinds, convergence_test, held, loop_cap
 from .value_numbers import value_numbers
 
 
@@ -995,16 +995,18 @@ def _tolerance_reads(jaxpr, flags, tags) -> bool:
 
 
 def _iteration_cap(eqn, lin):
-    """The exit test of a loop to convergence with its convergence test held at
-    "not converged" (``closure.convergence.loop_cap``), or None without a cap."""
+    """``(cap, body)`` of a loop to convergence with its convergence test held
+    at "not converged" (``closure.convergence.held``): ``cap(cond operands)``
+    its exit test (None without a cap) and ``body(body operands)`` its step,
+    whose carried flags then hold only their caps."""
     tags: dict = {}
     if _read_convergence_test(eqn, lin, tags) is not None:
-        return None
-    cond = eqn.params["cond_jaxpr"]
+        return None, None
+    cond, body = eqn.params["cond_jaxpr"], eqn.params["body_jaxpr"]
     cap = loop_cap(cond.jaxpr, tags)
-    if cap is None:
-        return None
-    return lambda args: cap(cond.consts, args)
+    step = held(body.jaxpr, tags)
+    return ((None if cap is None else (lambda args: cap(cond.consts, args))),
+            lambda args: step(body.consts, args))
 
 def _while_linearity(eqn, flags, zeros, used):
     problem, split = _while_split(eqn, flags, zeros, used)
@@ -1223,11 +1225,16 @@ def _bind_linear_while(eqn, invals, flags, used):
     def zeros_of(avals):
         return [jnp.zeros(a.shape, a.dtype) for a in avals]
 
+    cap, held_body = _iteration_cap(eqn, carry_lin) if split.converges else (None, None)
+
     def body_n(nl_consts, n_vals):
-        """The carries that do not carry the linear input, one step on."""
+        """The carries that do not carry the linear input, one step on (in a
+        loop to convergence, with its test held at "not converged": a flag it
+        carries holds only its cap, as while the loop ran)."""
         full = [*merge(const_lin, zeros_of(lin_const_avals), nl_consts),
                 *merge(carry_lin, zeros_of(lin_carry_avals), n_vals)]
-        outs = jx.eval_jaxpr(body.jaxpr, body.consts, *full)
+        outs = (held_body(full) if held_body is not None
+                else jx.eval_jaxpr(body.jaxpr, body.consts, *full))
         return [o for o, f in zip(outs, carry_lin) if not f]
 
     def body_t(nl_consts, n_vals, w):
@@ -1241,7 +1248,9 @@ def _bind_linear_while(eqn, invals, flags, used):
         g_c, g_l = jax.linear_transpose(step, *examples)(list(w))
         return list(g_c), list(g_l)
 
-    cap = _iteration_cap(eqn, carry_lin) if split.converges else None
+    # Whether the loop ran at all, when its test at the start reads no linear
+    # carry (a flag or gap that starts "converged" at run time): then it did not.
+    start_reads_lin = any(_reaches(cond.jaxpr, [False] * cc + list(carry_lin)))
 
     def stop_test(cv, n_vals, l_vals):
         carries = merge(carry_lin, l_vals, n_vals)
@@ -1258,9 +1267,16 @@ def _bind_linear_while(eqn, invals, flags, used):
             if cap is not None:
                 def cap_ok(n_vals):
                     return cap([*cv, *merge(carry_lin, zeros_of(lin_carry_avals), n_vals)])
-            return [*_transposed_limit(functools.partial(body_t, nl_consts, list(n_init)),
-                                       l_bar, lin_const_avals, n_init,
-                                       functools.partial(body_n, nl_consts), cap_ok)]
+            limit = _transposed_limit(functools.partial(body_t, nl_consts, list(n_init)),
+                                      l_bar, lin_const_avals, n_init,
+                                      functools.partial(body_n, nl_consts), cap_ok)
+            if start_reads_lin:
+                return list(limit)
+            ran = stop_test(cv, list(n_init), zeros_of(lin_carry_avals))
+            # A loop that did not run returns its start: cotangent l_bar for it,
+            # none for the loop's constants.
+            return [jnp.where(ran, x, y) for x, y in
+                    zip(limit, [*zeros_of(lin_const_avals), *l_bar])]
 
         def count_cond(state):
             n_vals, _ = state
