@@ -86,3 +86,24 @@ def test_a_slowly_contracting_sum_has_a_limit():
     exact = 1.0 / (1.0 - rho)
     assert abs(float(jax.grad(f)(x)) - exact) < 0.05 * exact   # JAX's float32 loop
     np.testing.assert_allclose(float(jax.jacfwd(jaxpr_cc.jit(f))(x)), exact, rtol=0.05)
+
+
+def test_an_affine_bwd_with_a_relative_test_is_nan_without_hanging():
+    """The affine check evaluates the bwd at a zero cotangent, where a relative
+    test (``~(|du| < rtol |u|)``: ``0 < 0`` is false) never stops the loop; it
+    hung.  Its loops run a few steps there: the bwd's constant part
+    (``where(r > 0, u, 1.0)``) is found and forward mode is NaN, as the README
+    says of an affine bwd."""
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(r, g):
+        step = lambda c: (c[1], g + 0.5 * c[1])  # noqa: E731
+        going = lambda c: ~(jnp.max(jnp.abs(c[1] - c[0])) < 1e-6 * jnp.max(jnp.abs(c[1])))  # noqa: E731
+        u = jax.lax.while_loop(going, step, (g, g + 0.5 * g))[1]
+        return (jnp.where(r > 0, u, 1.0),)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), bwd)
+    got = np.asarray(jax.jacfwd(jaxpr_cc.jit(f))(jnp.array([0.3, -1.2])))
+    assert np.isnan(got).all(), got

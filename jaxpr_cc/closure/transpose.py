@@ -110,7 +110,7 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
                 full[i] = v
             for i in lin_pos:
                 full[i] = jnp.zeros(in_avals[i].shape, in_avals[i].dtype)
-            at_zero = jx.eval_jaxpr(closed.jaxpr, (), *full)
+            at_zero = _eval_at_zero(closed.jaxpr, (), full)
             linear_here = functools.reduce(
                 jnp.logical_and, [jnp.all(z == 0) for z, a in zip(at_zero, out_avals)
                                   if jnp.issubdtype(a.dtype, jnp.inexact)], jnp.bool_(True))
@@ -1031,6 +1031,46 @@ def _has_while(jaxpr) -> bool:
 
 def _eqn_has_while(eqn) -> bool:
     return eqn.primitive.name == "while" or any(_has_while(s) for s in _sub_jaxprs(eqn.params))
+
+
+#: Steps a loop runs in ``_eval_at_zero``.
+_AT_ZERO_STEPS = 64
+
+
+def _eval_at_zero(jaxpr, consts, args) -> list:
+    """``jaxpr`` at a zero linear input, for the affine check: its loops run at
+    most ``_AT_ZERO_STEPS`` steps.  At zero a linear iteration stays at zero and
+    a relative convergence test (``|dx| < rtol |x|``: ``0 < 0``) is never met,
+    so the loop would run for ever; a constant part that reaches the results
+    does so within a few steps."""
+    env = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(a):
+        return a.val if isinstance(a, Literal) else env[a]
+
+    for eqn in jaxpr.eqns:
+        invals = [read(a) for a in eqn.invars]
+        callee = _callee(eqn)
+        if eqn.primitive.name == "while":
+            p = eqn.params
+            cc, bc = p["cond_nconsts"], p["body_nconsts"]
+            cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+
+            def keep_going(c, cond=cond, cv=invals[:cc]):
+                (go,) = _eval_at_zero(cond.jaxpr, cond.consts, [*cv, *c[0]])
+                return jnp.any(go) & (c[1] < _AT_ZERO_STEPS)
+
+            def step(c, body=body, bv=invals[cc:cc + bc]):
+                return _eval_at_zero(body.jaxpr, body.consts, [*bv, *c[0]]), c[1] + 1
+
+            outs, _ = jax.lax.while_loop(keep_going, step, (invals[cc + bc:], jnp.int32(0)))
+        elif callee is not None:
+            outs = _eval_at_zero(callee[0], callee[1], invals)
+        else:
+            outs = jx.eval_equation(eqn, invals)
+        env.update(zip(eqn.outvars, outs))
+    return [read(a) for a in jaxpr.outvars]
 
 
 def _callee(eqn):
