@@ -146,9 +146,11 @@ class Program:
     def __call__(self, *args, **kwargs):
         from ..jax_adapter import eval_jaxpr
         flat = self.flatten_args(args, kwargs)
-        from ..jax_adapter import inside_autodiff, is_autodiff_tracer
-        if inside_autodiff() or any(map(is_autodiff_tracer, flat)):
-            # Differentiated: custom_vjp rules get a forward mode (passes/vjp_to_jvp.py).
+        from ..jax_adapter import evaluated_eagerly
+        if not evaluated_eagerly(flat):
+            # Traced (differentiated now, or staged by jit, vmap, scan, checkpoint...,
+            # which forward mode may reach later): custom_vjp rules get a forward
+            # mode (passes/vjp_to_jvp.py), built when JAX first differentiates them.
             closed = program_services.forward_mode_jaxpr(self)
         else:
             closed = self.to_jaxpr()
