@@ -62,3 +62,29 @@ def test_a_param_holding_a_negative_nan_keeps_its_sign(tmp_path):
     got = emitted_function(jaxpr_cc.trace(f, x), tmp_path)(x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert bool(want[1])
+
+
+def test_two_rules_differing_in_a_nan_payload_stay_two_functions():
+    """emit_python shared one function between custom rules whose printed
+    regions are equal: NaN prints as ``nan`` whatever its payload, so the second
+    rule returned the first's constant (adversary, stop 32)."""
+    quiet = np.float32(np.nan)
+    payload = np.frombuffer(np.uint32(0x7FC00123).tobytes(), np.float32)[0]
+
+    def rule(c):
+        @jax.custom_jvp
+        def s(x):
+            return x * 0 + jnp.asarray(c)
+
+        s.defjvp(lambda p, t: (s(p[0]), t[0]))
+        return s
+
+    def f(x):
+        return rule(quiet)(x), rule(payload)(x)
+
+    x = jnp.float32(0.5)
+    ns: dict = {}
+    exec(jaxpr_cc.emit_python(jaxpr_cc.trace(f, x)), ns)
+    bits = [np.asarray(v).tobytes() for v in jax.jit(ns["f"])(x)]
+    assert bits == [np.asarray(v).tobytes() for v in jax.jit(f)(x)]
+    assert bits[0] != bits[1]

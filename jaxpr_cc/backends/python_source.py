@@ -161,7 +161,8 @@ class _ModuleEmitter:
         self.imports_from: list[str] = []
         self.uses_partition_spec = False
         self.callables: dict[int, str] = {}
-        self.custom_functions: dict[str, tuple[str, str]] = {}
+        self.custom_functions: dict[tuple, tuple[str, str]] = {}
+        self._rule_keys = None  # ir.structural_key.KeyMaker, made on first use
 
     # ------------------------------------------------------------ top level
     def build(self) -> str:
@@ -365,19 +366,15 @@ class _ModuleEmitter:
             self._calls = call_counts(self.program.body)
         return self._calls.get(id(region), 0) > 1
 
-    def rule_key(self, eqn: Equation) -> str:
-        """Structural identity of a custom equation's rule (its printed regions and
-        params)."""
-        from ..ir.printer import format_param, print_region
-        parts = [eqn.prim.name]
-        for key, value in sorted(eqn.params.items()):
-            if key == "source":
-                continue
-            if isinstance(value, Region):
-                parts.append(f"{key}:{print_region(value)}")
-            else:
-                parts.append(f"{key}={format_param(value)}")
-        return "\n".join(parts)
+    def rule_key(self, eqn: Equation) -> tuple:
+        """Structural identity of a custom equation's rule: its regions and params
+        by ``ir.structural_key`` (exact: constants by bit pattern, so two rules
+        differing only in a NaN's payload or a zero's sign stay two functions)."""
+        from ..ir.structural_key import KeyMaker
+        if self._rule_keys is None:
+            self._rule_keys = KeyMaker()
+        return (eqn.prim.name, self._rule_keys.params(
+            {k: v for k, v in eqn.params.items() if k != "source"}))
 
     def closed_over(self, a, fn: Function) -> str:
         """A value a nested function closes over.  A literal operand there was a traced
@@ -636,7 +633,7 @@ class _EqnContext(CustomRulesMixin):
         self.fn = fn
         self.folded = folded
         self.unpack: list[int] | None = None
-        self.rule_key: str | None = None
+        self.rule_key: tuple | None = None
         # Operands produced by folded equations have no name; the rule spells them.
         # (Operands of a rule's twin equation elsewhere in the program have none here.)
         folded_values = {id(v) for e in folded for v in e.outputs}
