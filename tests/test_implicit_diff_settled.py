@@ -156,3 +156,28 @@ def test_a_float64_leaf_beside_a_float32_one_settles_at_its_own_rounding():
         _, got = jax.jvp(new, (theta,), (jnp.float64(1.0),))
         np.testing.assert_allclose(float(got), float(want), rtol=1e-9)
         np.testing.assert_allclose(float(jax.grad(new)(theta)), float(want), rtol=1e-9)
+
+
+@pytest.mark.parametrize("adjoint", ["auto", "fixed-point", "bicgstab"])
+def test_a_probe_mode_annihilated_at_the_start_is_measured_again(adjoint):
+    """``y <- a + 0.9 (x/a)(y - a) + c (x - a)`` from ``x = 0``, ``y = a``,
+    ``c = 0``: the first step's Jacobian has ``J_yy = 0`` and ``J_yx = 0``, so a
+    probe carried through the loop lost its y component for good, measured
+    x's rate (0.5) as J's rate at x* (0.9) and certified a loop that stopped
+    before y's tangent converged (adversary, stop 32).  Reference: JAX's
+    forward mode through the original loop."""
+    def f(a, c):
+        def body(s):
+            x, y, _ = s
+            nx = 0.5 * x + 0.5 * a
+            ny = a + 0.9 * (x / a) * (y - a) + c * (x - a)
+            return nx, ny, jnp.maximum(jnp.abs(nx - x), jnp.abs(ny - y))
+        _, y, _ = lax.while_loop(lambda s: s[2] > 0.0, body,
+                                 (jnp.float32(0.0), jnp.float32(1.0), jnp.float32(jnp.inf)))
+        return y
+
+    a, c = jnp.float32(1.0), jnp.float32(0.0)
+    new = jaxpr_cc.run_passes(jaxpr_cc.trace(f, a, c), f"implicit-diff{{adjoint={adjoint}}}")
+    want = jax.jacfwd(f, argnums=(0, 1))(a, c)
+    for got in (jax.jacfwd(new, argnums=(0, 1))(a, c), jax.grad(new, argnums=(0, 1))(a, c)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)

@@ -439,7 +439,10 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     with ``W = sum_j |x_(j+1) - x_j| sum_(k <= j) 1 / G_(k+1)``, accumulated as
     the loop runs.  Unlike a rate measured at ``x*``, it sees Jacobians along
     the path far from the final one.  A vmapped loop's finished elements keep
-    their carries (and so their tangents): the probe keeps theirs too.
+    their carries (and so their tangents): the probe keeps theirs too.  The
+    probe restarts from its start vector every ``RATE_STEPS`` steps: a J_k
+    that annihilates one of its modes (``J_yy = 0`` at the start) would blind
+    it to that mode for the rest of the path, and to its rate at ``x*``.
 
     The probe follows the path until the iterate stops moving: each state
     leaf's step at rounding level (``SETTLED_ULPS`` ulps of the leaf's scale,
@@ -479,6 +482,13 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         def step(c):
             carries, count, v, log_g, log_h, log_w, recent, slot, since, _ = c
             running = test(carries) if test_shape else jnp.bool_(True)
+            # The probe restarts from its start vector every RATE_STEPS steps: a
+            # mode some J_k annihilated (J_yy = 0 at the start) is excited again,
+            # so later growth in it is measured, and the last segment is a fresh
+            # power iteration along the final iterates.
+            fresh = since == RATE_STEPS
+            v = [jnp.where(fresh, v0, vi) for vi, v0 in zip(v, v_start)]
+            since = jnp.where(fresh, 0, since)
 
             new = jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *carries)
             new = [keep(running, n, o) for n, o in zip(new, carries)]
