@@ -340,7 +340,6 @@ def is_input_effect(effect) -> bool:
 
 # --- tracing helpers for closure conversion ----------------------------------
 from jax._src import api_util as _api_util  # noqa: E402
-from jax._src import config as _jax_config  # noqa: E402
 from jax._src import custom_derivatives as _cd  # noqa: E402
 
 custom_vjp_call_p = _cd.custom_vjp_call_p
@@ -348,13 +347,6 @@ custom_jvp_call_p = _cd.custom_jvp_call_p
 linear_call_p = _cd.linear_call_p
 typeof = _core.typeof
 Tracer = _core.Tracer
-
-
-def trace_context():
-    """JAX's configuration that tracing depends on (x64, dtype promotion, rank
-    promotion, default matmul precision, ...), hashable: what JAX's own trace
-    caches are keyed by."""
-    return _jax_config.trace_context()
 
 
 def resolve_kwargs(fun, args, kwargs) -> tuple:

@@ -1415,7 +1415,7 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
         return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0).astype(wide)
                                               for x in xs], jnp.zeros((), wide))
 
-    def unsettled(changes, values, scale):
+    def still_changing(changes, values, scale):
         """Whether some element still changes by more than a unit of its own
         precision, relative to its own size (a component in small units beside
         one in large units converges as slowly as it does), or to ``eps`` times
@@ -1446,7 +1446,8 @@ def _transposed_limit(step_t, l_bar, const_avals, n_init, n_step, cap_ok):
         g_c, v_new = step_t(v)
         acc_new = [a + g for a, g in zip(acc, g_c)]
         scale = size([*v_new, *acc_new, *l_bar])
-        moved = unsettled([*[a - b for a, b in zip(v_new, v)], *g_c], [*v_new, *acc_new], scale)
+        moved = still_changing([*[a - b for a, b in zip(v_new, v)], *g_c], [*v_new, *acc_new],
+                               scale)
         # A sum whose terms do not shrink (a mode the transposed map keeps, summed
         # for ever: the null space of a singular system the forward loop never
         # meets) "settles" only when its terms fall below its rounding: no limit.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layouts import ConstantGroup, constant_groups, layout_of
+from .layouts import ConstantGroup, constant_groups, grown_params
 from .region import Region
 from .value import Value
 
@@ -125,19 +125,8 @@ def _thread(region: Region, body: Region, plans: dict, made: dict, value, aval, 
 def _add_operand(outer: Region, eqn, group: ConstantGroup, operand: Value) -> None:
     """``operand`` as the new last member of ``eqn``'s ``group`` (its regions already
     have the matching input), with the group's params kept in step."""
+    params = grown_params(eqn, group, operand.name or f"const{group.stop - group.start}")
     inputs = list(eqn.inputs)
     inputs.insert(group.stop, operand)
     outer.set_inputs(eqn, inputs)
-    n = group.stop - group.start
-    params = dict(eqn.params)
-    if group.count_param is not None:
-        params[group.count_param] = n + 1
-    names = group.names_param
-    if names is not None and isinstance(params.get(names), tuple):
-        params[names] = params[names] + (operand.name or f"const{n}",)
-    for key, entry in layout_of(eqn).operand_params:
-        if isinstance(params.get(key), tuple):
-            entries = list(params[key])
-            entries.insert(group.stop, entry)
-            params[key] = tuple(entries)
     eqn.params = params

@@ -273,6 +273,24 @@ def resized_params(eqn, keep_inputs, keep_outputs=None) -> dict:
     return params
 
 
+def grown_params(eqn, group: ConstantGroup, name: str) -> dict:
+    """``eqn``'s params after a new last member, named ``name``, joins its
+    constant ``group``: the group's count and names, and the per-operand params
+    (with the new operand's default entry)."""
+    params = dict(eqn.params)
+    n = group.stop - group.start
+    if group.count_param is not None:
+        params[group.count_param] = n + 1
+    if group.names_param is not None and isinstance(params.get(group.names_param), tuple):
+        params[group.names_param] = params[group.names_param] + (name,)
+    for key, entry in layout_of(eqn).operand_params:
+        if isinstance(params.get(key), tuple):
+            entries = list(params[key])
+            entries.insert(group.stop, entry)
+            params[key] = tuple(entries)
+    return params
+
+
 def _kept(values, keep):
     if not isinstance(values, tuple) or len(values) != len(keep):
         return values

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..ir.arrays import identity_only, is_mutable_ref, nbytes, placement_key, to_numpy
-from ..ir.layouts import ConstantGroup, RegionSlot, constant_groups, layout_of
+from ..ir.layouts import ConstantGroup, RegionSlot, constant_groups, grown_params
 from ..ir.region import Region
 from ..ir.value import Value, is_literal
 from .base import Pass, PassContext, register_pass
@@ -256,18 +256,7 @@ def thread_into(outer: Region, eqn, key: str, idx, value: Value) -> Value:
         sub = s.region(eqn)
         if id(sub) not in added:
             added[id(sub)] = sub.add_input(value.aval, value.name, position=s.first_input + n)
-    params = dict(eqn.params)
-    if group.count_param is not None:
-        params[group.count_param] = n + 1
-    names = group.names_param
-    if names is not None and isinstance(params.get(names), tuple):
-        params[names] = params[names] + (value.name or f"param{n}",)
-    for name, entry in layout_of(eqn).operand_params:
-        if isinstance(params.get(name), tuple):
-            entries = list(params[name])
-            entries.insert(group.stop, entry)
-            params[name] = tuple(entries)
-    eqn.params = params
+    eqn.params = grown_params(eqn, group, value.name or f"param{n}")
     return added[id(slot.region(eqn))]
 
 
