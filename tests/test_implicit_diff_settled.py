@@ -181,3 +181,29 @@ def test_a_probe_mode_annihilated_at_the_start_is_measured_again(adjoint):
     want = jax.jacfwd(f, argnums=(0, 1))(a, c)
     for got in (jax.jacfwd(new, argnums=(0, 1))(a, c), jax.grad(new, argnums=(0, 1))(a, c)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_the_iterated_adjoint_is_not_stopped_by_one_small_step():
+    """A non-normal chain ``x0 <- 1e-7 x1``, ``x1 <- 0.2 x1 + 1e4 x2``,
+    ``x2 <- 0.2 x2`` (rate 0.2, so adjoint=auto iterates the transposed map):
+    its first step moves the adjoint by 1e-7, its second by 1e-3.  Stopping on
+    one small step returned 0 for d x0*/d theta2 (1.5625e-3; adversary, stop 32).
+    Reference: JAX's forward mode through the original loop."""
+    n = 65
+
+    def f(theta):
+        def body(s):
+            x, _ = s
+            new = 0.2 * x + theta
+            new = new.at[0].set(1e-7 * x[1] + theta[0])
+            new = new.at[1].set(0.2 * x[1] + 1e4 * x[2] + theta[1])
+            return new, jnp.max(jnp.abs(new - x))
+        x, _ = lax.while_loop(lambda s: s[1] > 0.0, body, (jnp.zeros(n), jnp.float32(1.0)))
+        return x[0]
+
+    theta = jnp.zeros(n).at[2].set(1e-3)
+    new = jaxpr_cc.run_passes(jaxpr_cc.trace(f, theta), "implicit-diff")
+    want = jax.jacfwd(f)(theta)
+    np.testing.assert_allclose(np.asarray(want[:3]), [1.0, 1.25e-7, 1.5625e-3], rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(jax.grad(new)(theta)), np.asarray(want), rtol=1e-4,
+                               atol=1e-9)
