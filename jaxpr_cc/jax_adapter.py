@@ -581,7 +581,7 @@ class _BatchedTransposeThunk:
             transpose, t_consts = self._thunk()
             in_batched = [False] * len(t_consts) + list(self._res_batched) + [True] * self._n_out
             batched, _ = _lc_batching.batch_jaxpr(transpose, self._axis_data, in_batched, True)
-            self._built = (batched, t_consts)
+            self._built = (_literal_consts(batched), t_consts)
         return self._built
 
     def for_cotangents(self, pattern):
@@ -613,11 +613,25 @@ def _linear_call_batcher(axis_data, args, dims, *, callee, transpose_thunk, num_
         moved.append(x)
     lead_batched = [d is not None for d in dims[:n_lead]]
     in_batched = lead_batched + [True] * (len(args) - n_lead)
-    batched_callee, _ = _lc_batching.batch_jaxpr(callee, axis_data, in_batched, True)
+    batched_callee = _literal_consts(
+        _lc_batching.batch_jaxpr(callee, axis_data, in_batched, True)[0])
     thunk = _BatchedTransposeThunk(transpose_thunk, axis_data, lead_batched[num_callee_consts:],
                                    len(callee.out_avals))
     outs = linear_call_p.bind(*moved, callee=batched_callee, transpose_thunk=thunk, **params)
     return outs, [0] * len(outs)
+
+
+def _literal_consts(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """``closed`` with no constants: a bound linear_call's callee takes its
+    constants as operands, and JAX evaluates it without ``closed.consts``.
+    Batching a callee that holds array literals (a Runge-Kutta tableau) lifts
+    them to constants; they become literals again."""
+    if not closed.consts:
+        return closed
+    inlined = inline_host_consts(jaxpr_consts_as_inputs(closed.jaxpr), closed.consts)
+    if inlined is None:
+        raise ValueError(f"a linear_call callee holds {len(closed.consts)} traced constants")
+    return ClosedJaxpr(inlined, [])
 
 
 def _linear_call_jvp(primals, tangents, *, callee, transpose_thunk, num_callee_consts, num_res):
@@ -1245,6 +1259,31 @@ def registered_primitives() -> dict[str, str]:
             if isinstance(value, _core.Primitive):
                 found.setdefault(value.name, name)
     return found
+
+
+def inline_host_consts(jaxpr: Jaxpr, consts) -> "Jaxpr | None":
+    """``jaxpr`` (whose leading invars are ``consts``, as ``trace_flat`` makes it)
+    with those invars replaced by literals of their values (typed host arrays, as
+    JAX stages array literals), when every constant is a concrete array (no
+    tracer); None otherwise.  Constants a trace picked up from a jaxpr's own
+    array literals (a Runge-Kutta tableau) go back to being literals."""
+    if any(isinstance(c, _core.Tracer) for c in consts):
+        return None
+    import numpy as _np
+    n = len(consts)
+    literal = {}
+    for v, c in zip(jaxpr.invars[:n], consts):
+        host = _np.asarray(c)
+        if host.dtype != v.aval.dtype or host.shape != v.aval.shape:
+            return None
+        literal[v] = Literal(TypedNdArray(host, v.aval), v.aval)
+    eqns = [e.replace(invars=[literal.get(a, a) if isinstance(a, Var) else a
+                              for a in e.invars]) for e in jaxpr.eqns]
+    outvars = [literal.get(a, a) if isinstance(a, Var) else a for a in jaxpr.outvars]
+    dbg = jaxpr.debug_info
+    if dbg is not None and dbg.arg_names is not None and len(dbg.arg_names) == len(jaxpr.invars):
+        dbg = dbg._replace(arg_names=dbg.arg_names[n:])
+    return jaxpr_from_parts([], jaxpr.invars[n:], outvars, eqns, jaxpr.effects, dbg)
 
 
 # ---------------------------------------------------------------------------

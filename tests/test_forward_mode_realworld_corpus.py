@@ -194,3 +194,27 @@ def test_the_list_of_programs_with_custom_vjp_is_the_corpus():
     found = [name for name, fun, args in PROGRAMS
              if "custom_vjp_call" in str(jaxpr_cc.trace(fun, *args))]
     assert found == WITH_CUSTOM_VJP
+
+
+# Heun in the default run (about 20 s); Euler and Tsit5 under -m heavy.
+@pytest.mark.parametrize("solver", [pytest.param(diffrax.Euler(), marks=pytest.mark.heavy),
+                                    diffrax.Heun(),
+                                    pytest.param(diffrax.Tsit5(), marks=pytest.mark.heavy)],
+                         ids=["euler", "heun", "tsit5"])
+def test_backsolve_adjoint_forward_mode_with_a_runge_kutta_tableau(solver):
+    """A solver's Butcher tableau is held in the bwd as array literals: the
+    transposition's trace lifted them to constants, and so did batching the
+    linear rule, so forward mode was refused for every solver but Euler (and
+    then for Euler too, once the tableau-free path changed; adversary, stop 32).
+    Reference: JAX's jacrev (it runs the user's bwd)."""
+    def f(k):
+        term = diffrax.ODETerm(lambda t, y, k: -k * y + jnp.sin(t))
+        sol = diffrax.diffeqsolve(term, solver, 0.0, 0.5, 0.125, jnp.array([1.0, 0.5]), args=k,
+                                  stepsize_controller=diffrax.ConstantStepSize(),
+                                  adjoint=diffrax.BacksolveAdjoint(),
+                                  saveat=diffrax.SaveAt(t1=True))
+        return sol.ys[-1]
+
+    k = jnp.float32(0.7)
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(jaxpr_cc.jit(f))(k)),
+                               np.asarray(jax.jacrev(f)(k)), rtol=1e-4)

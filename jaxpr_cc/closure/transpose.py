@@ -133,10 +133,14 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
         raise NotTransposableError(f"{what} cannot be transposed in {linear_name}: "
                                    f"JAX says: {first}") from e
     if consts:
-        # Only an array constant created by the transposition itself lands here;
-        # rule regions must be constant-free, so this is reported, not kept.
-        raise NotTransposableError(f"{what}: its transpose captured {len(consts)} array "
-                                   f"constants; rule regions must be constant-free")
+        # Array literals of the jaxpr (a Runge-Kutta tableau) that the
+        # transposition's trace picked up as constants: literals again (rule
+        # regions are constant-free).  Anything else is reported, not kept.
+        inlined = jx.inline_host_consts(jaxpr, consts)
+        if inlined is None:
+            raise NotTransposableError(f"{what}: its transpose captured {len(consts)} array "
+                                       f"constants; rule regions must be constant-free")
+        jaxpr = inlined
     return ClosedJaxpr(jaxpr, [])
 
 

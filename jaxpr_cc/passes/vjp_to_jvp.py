@@ -631,21 +631,23 @@ def _jvp_rule(info: RuleInfo, call, fwd, bwd, transposed, nc: int, nr: int, *,
     if as_jaxpr:  # a body made late may hold concrete constants (see PatternRules)
         return _closed(jvp, [*c_avals, *x_avals, *tc_avals, *tx_avals], f"{info.name}_jvp",
                        allow_consts=True)
-    jaxpr, consts, _ = jx.trace_flat(jvp, [*c_avals, *x_avals, *tc_avals, *tx_avals],
-                                     f"{info.name}_jvp")
-    if consts:
-        raise RuntimeError(f"vjp-to-jvp: the jvp rule of '{info.name}' captured "
-                           f"{len(consts)} constants")
-    return region_from_closed_jaxpr(jx.ClosedJaxpr(jaxpr, []), memo=memo)
+    closed = _closed(jvp, [*c_avals, *x_avals, *tc_avals, *tx_avals],
+                     f"the jvp rule of '{info.name}'")
+    return region_from_closed_jaxpr(closed, memo=memo)
 
 
 def _closed(fn, avals, name, allow_consts: bool = False):
     jaxpr, consts, _ = jx.trace_flat(fn, avals, name)
-    if consts and allow_consts:  # concrete values of a body made late: its constants
+    if not consts:
+        return jx.ClosedJaxpr(jaxpr, [])
+    # Array literals of the bodies (a Runge-Kutta tableau) the trace picked up as
+    # constants: literals again.
+    inlined = jx.inline_host_consts(jaxpr, consts)
+    if inlined is not None:
+        return jx.ClosedJaxpr(inlined, [])
+    if allow_consts:  # values of a body made late: its constants
         return jx.ClosedJaxpr(_pe_bind_consts(jaxpr, len(consts)), list(consts))
-    if consts:
-        raise RuntimeError(f"vjp-to-jvp: {name} captured {len(consts)} constants")
-    return jx.ClosedJaxpr(jaxpr, [])
+    raise RuntimeError(f"vjp-to-jvp: {name} captured {len(consts)} constants")
 
 
 # ------------------------------------------------------ forward mode by default
