@@ -383,7 +383,7 @@ class _ModuleEmitter:
         if not is_literal(a):
             return self.env[a]
         name = self.namer.fresh("closed")
-        if getattr(a.aval, "weak_type", False):
+        if getattr(a.aval, "weak_type", False) or np.ndim(a.val):
             fn.add(f"{name} = jnp.asarray({literal_source(a.val, a.aval)})")
         else:
             from .python_spelling import python_scalar_source

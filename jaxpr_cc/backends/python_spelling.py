@@ -95,13 +95,16 @@ _WEAK_DEFAULTS = {bool: "bool", int: "int32", float: "float32", complex: "comple
 
 
 def literal_source(val: Any, aval) -> str:
-    """A scalar literal that JAX stages as the same ``Literal`` (value, dtype, weak type).
+    """A literal that JAX stages as the same ``Literal`` (value, dtype, weak type).
 
     Weakly typed literals are spelled as Python numbers (JAX gives them the dtype of
     the operand they meet, as the original program did); strongly typed ones as numpy
     scalars of their dtype.
     """
     dtype = np.dtype(aval.dtype)
+    if np.ndim(val):
+        # An array a trace lifted to a constant and a pass wrote back in place.
+        return array_literal_source(np.asarray(val, dtype))
     scalar = np.asarray(val).reshape(()).item() if not isinstance(val, (bool, int, float, complex)) \
         else val
     if dtype == np.bool_:
