@@ -172,3 +172,35 @@ def test_a_flag_or_gap_that_stops_the_loop_before_its_limit(bwd, steps):
     np.testing.assert_allclose(float(jax.grad(f)(x)), want, rtol=1e-6)
     for ours in (jaxpr_cc.jit(f), jaxpr_cc.trace(f, x)):
         np.testing.assert_allclose(float(jax.jacfwd(ours)(x)), want, rtol=1e-6)
+
+
+def test_a_neumann_series_that_computes_its_term_twice():
+    """A Neumann-series bwd ``(t, s) -> (A @ t, s + A @ t)`` stopping on ``|t|``:
+    ``jaxpr_cc.trace`` keeps both products, and the reading of the loop took the
+    carried term for a new iterate rather than the step added to the sum, so the
+    Program (and vjp-to-jvp) refused a loop ``jaxpr_cc.jit`` accepted (adversary,
+    stop 32).  Reference: ``jax.jacrev`` (JAX runs the user's bwd) and the exact
+    ``(I - A)^{-1} g`` series limit."""
+    @jax.custom_vjp
+    def f(r):
+        return jnp.sin(r)
+
+    def bwd(r, g):
+        a = 0.3 * jnp.diag(jnp.cos(r))
+        (_, total) = lax.while_loop(lambda c: jnp.linalg.norm(c[0]) > 1e-13,
+                                    lambda c: (a @ c[0], c[1] + a @ c[0]), (g, g))
+        return (total,)
+
+    f.defvjp(lambda r: (jnp.sin(r), r), bwd)
+
+    def program(x):
+        return f(x * x)
+
+    with jax.enable_x64(True):
+        x = jnp.asarray(X)
+        want = jax.jacrev(program)(x)
+        exact = np.diag(2 * np.asarray(X) / (1 - 0.3 * np.cos(np.asarray(X) ** 2)))
+        np.testing.assert_allclose(want, exact, rtol=1e-10, atol=1e-12)
+        traced = jaxpr_cc.trace(program, x)
+        for ours in (traced, jaxpr_cc.run_passes(traced, "vjp-to-jvp"), jaxpr_cc.jit(program)):
+            np.testing.assert_allclose(jax.jacfwd(ours)(x), want, rtol=1e-9, atol=1e-12)

@@ -452,7 +452,16 @@ def _body_seeds(body, body_n: int, kinds: list[str]) -> dict:
                 steps.setdefault(b, _Tag("diff", mine))
             elif b is carries[i] and eqn.primitive.name == "add" and not isinstance(a, jx.Literal):
                 steps.setdefault(a, _Tag("diff", mine))
-    # A step that is also carried (to test it) is the change, not a new iterate.
+    # A step that is also carried (to test it) is the change, not a new iterate;
+    # so is a carried result the body computes again as the step (a Neumann
+    # term ``A @ t`` written twice, once carried and once added to the sum).
+    if steps:
+        numbers = _Numbering()
+        env = numbers.run(body, [numbers.intern(("input", k)) for k in range(len(body.invars))])
+        step_of = {env[b]: tag for b, tag in steps.items() if b in env}
+        for out in body.outvars:
+            if not isinstance(out, jx.Literal) and out not in steps and env.get(out) in step_of:
+                steps[out] = step_of[env[out]]
     seeds = dict(news)
     seeds.update(steps)
     return seeds
