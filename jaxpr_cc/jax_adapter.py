@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import types
 import weakref
 from typing import Any, Sequence
@@ -409,6 +410,21 @@ def call_wrapped(fun, *args):
 def wrapped_fun_target(fun):
     """The user's Python function inside a ``linear_util.WrappedFun`` (or ``fun``)."""
     return getattr(fun, "f", fun)
+
+
+def wrapped_fun_label(fun) -> tuple[str, str] | None:
+    """``(name, "file.py:line")`` of the function a ``WrappedFun`` was traced for,
+    from JAX's debug info, when its target is a thunk of JAX's own (a staged rule's
+    memoized tracer) rather than the user's function; else None."""
+    target = wrapped_fun_target(fun)
+    if not getattr(target, "__module__", "").startswith("jax._src"):
+        return None
+    src = getattr(getattr(fun, "debug_info", None), "func_src_info", None)
+    if not src or " at " not in src:
+        return None
+    name, _, where = src.rpartition(" at ")
+    path, _, line = where.rpartition(":")
+    return name, f"{os.path.basename(path)}:{line}"
 
 
 def is_symbolic_zero(x) -> bool:

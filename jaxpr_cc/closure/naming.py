@@ -7,9 +7,14 @@ import inspect
 import os
 from typing import Any, Iterable
 
+from .. import jax_adapter as jx
+
 
 def source_of(fn: Any) -> str:
-    fn = _unwrap(fn)
+    label = jx.wrapped_fun_label(fn)
+    if label is not None:
+        return label[1]
+    fn = _unwrap(jx.wrapped_fun_target(fn))
     code = getattr(fn, "__code__", None)
     if code is None:
         return "<unknown>"
@@ -17,7 +22,12 @@ def source_of(fn: Any) -> str:
 
 
 def name_of(fn: Any) -> str:
-    fn = _unwrap(fn)
+    """The name of the Python function ``fn`` (a ``WrappedFun``'s: the user's
+    function, also when JAX staged it behind a thunk of its own)."""
+    label = jx.wrapped_fun_label(fn)
+    if label is not None:
+        return label[0]
+    fn = _unwrap(jx.wrapped_fun_target(fn))
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 

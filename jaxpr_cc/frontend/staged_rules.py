@@ -22,13 +22,14 @@ from .. import jax_adapter as jx
 from ..closure import naming
 from ..closure.errors import ClosureConversionError
 from ..closure.ir_rules import FIRST_ORDER_KEYS, SYMBOLIC_ZERO_OUTPUTS, is_first_order_custom
-from ..closure.rules import (FORWARD_ONLY_LEVELS, PatternRules, RuleInfo, forward_only,
+from ..closure.rules import (FORWARD_ONLY_LEVELS, PatternRules, RuleInfo, forward_only, run,
                              forward_only_avals, forward_only_target, is_inexact, marked)
-from ..closure.session import (_dedupe, _insert_inputs, _variant_patterns, _with_consts,
-                               session)
+from ..closure.session import (_dedupe, _insert_inputs, _rule_error, _variant_patterns,
+                               _with_consts, session)
 from ..ir.clone import clone_function
 from ..ir.constant_supply import supply_constant
 from ..ir.equation import Equation
+from ..ir.program_services import region_to_closed_jaxpr
 from ..ir.region import Region
 from ..ir.structural_key import KeyMaker
 from ..ir.value import Value
@@ -185,11 +186,10 @@ def _call_converted(body: Region, region: Region, eqn: Equation, params: dict,
 
 
 def _fail(kind: str, fn: Any, err: Exception) -> ClosureConversionError:
-    target = jx.wrapped_fun_target(fn)
     msg = " ".join(str(err).split())
     first = msg.split(". ")[0][:200]
     return ClosureConversionError(
-        f"custom_{kind} rule '{naming.name_of(target)}' ({naming.source_of(target)}) cannot be "
+        f"custom_{kind} rule '{naming.name_of(fn)}' ({naming.source_of(fn)}) cannot be "
         f"materialized: it closes over a value of a trace that has ended ({type(err).__name__}: "
         f"{first}); a JAX transformation inside the function (jax.vjp, jvp, vmap) staged it "
         f"with a value of its own: pass that value to the custom function as an argument "
@@ -431,8 +431,7 @@ def _finish_vjp(body, region, eqn, closed_over, max_forward_size, nc, lifted, ca
     def bwd_of(b_j, b_c):
         return _rebase(b_j, list(b_c), jax_consts, extra, lead=len(b_c))
 
-    target = jx.wrapped_fun_target(bwd_fn)
-    info = RuleInfo(name=naming.name_of(target), source=naming.source_of(target),
+    info = RuleInfo(name=naming.name_of(bwd_fn), source=naming.source_of(bwd_fn),
                     const_names=tuple(f"const{i}" for i in range(nc + n_new)),
                     closed_over=closed_over, max_forward_size=max_forward_size,
                     reverse_ok=not _reaches_while(call))
@@ -641,16 +640,18 @@ def _convert_jvp(body: Region, region: Region, eqn: Equation, closed_over: str,
     def jvp_dense(*xs, pattern=None, store=None):
         consts_, primals = xs[:nc], xs[nc:nc + len(args)]
         it = iter(xs[nc + len(args):])
-        # JAX's thunk takes "tangent is zero" flags: the primal's own consts carry none.
-        # ``pattern``: which inexact arguments are perturbed (all when None).
+        # JAX's thunk takes "tangent is zero" flags for the arguments only, and its
+        # jaxpr the arguments and their nonzero tangents: the primal's own consts
+        # (values it closes over) reach the rule as the thunk's consts, as in JAX's
+        # ``lift_jvp``.  ``pattern``: which inexact arguments are perturbed (all when None).
+        del consts_
         hot = iter(pattern) if pattern is not None else None
         perturbed = [is_inexact(a) and (hot is None or next(hot)) for a in arg_avals]
-        in_zeros = [True] * nc + [not q for q in perturbed]
-        jvp_jaxpr, jvp_consts, out_zeros = _call_jvp_thunk(jvp_fun, in_zeros)
+        jvp_jaxpr, jvp_consts, out_zeros = _call_jvp_thunk(jvp_fun, [not q for q in perturbed])
         tangents = [t for t, q in zip([next(it) for a in arg_avals if is_inexact(a)],
                                       [q for q, a in zip(perturbed, arg_avals) if is_inexact(a)])
                     if q]
-        outs = jx.eval_jaxpr(jvp_jaxpr, jvp_consts, *consts_, *primals, *tangents)
+        outs = jx.eval_jaxpr(jvp_jaxpr, jvp_consts, *primals, *tangents)
         y, t_nz = outs[:n_out], iter(outs[n_out:])
         t = [jax.numpy.zeros(a.shape, a.dtype) if z else next(t_nz)
              for a, z in zip(out_avals, out_zeros)]
@@ -661,8 +662,21 @@ def _convert_jvp(body: Region, region: Region, eqn: Equation, closed_over: str,
 
     in_avals = [a.aval for a in jax_consts] + arg_avals + t_avals
     main_store: dict = {}
-    j_j, j_c, _ = _trace("jvp", jvp_fun, functools.partial(jvp_dense, store=main_store),
-                         in_avals, "custom_jvp jvp")
+    try:
+        j_j, j_c, _ = _trace("jvp", jvp_fun, functools.partial(jvp_dense, store=main_store),
+                             in_avals, "custom_jvp jvp")
+    except ClosureConversionError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- JAX raises only when it differentiates
+        # The rule refuses every argument perturbed (forward mode through a
+        # custom_vjp it closes over): the primal runs, and the tangents raise JAX's
+        # error when evaluated.  Patterns the rule accepts are variants below.
+        message = _rule_error("jvp", jvp_fun, e)
+        j_j, j_c, _ = _trace("jvp", jvp_fun,
+                             functools.partial(_refusing_jvp, p["call_jaxpr"], nc, len(args),
+                                               out_avals, message),
+                             in_avals, "custom_jvp jvp")
+        main_store["zeros"] = tuple(False for a in out_avals if is_inexact(a))
     _check_concrete("jvp", jvp_fun, j_c)
     # A symbolic-zeros rule is traced per perturbation pattern too (docs/closure.md):
     # which arguments JAX perturbs is known only when it differentiates.
@@ -729,7 +743,7 @@ def _convert_jvp(body: Region, region: Region, eqn: Equation, closed_over: str,
         "call_jaxpr": call,
         "jvp_jaxpr": region_from_closed_jaxpr(jx.ClosedJaxpr(jvp_j, []), None, memo),
         "num_consts": nc + len(extra), "symbolic_zeros": bool(p.get("symbolic_zeros", False)),
-        "name": naming.name_of(target), "source": naming.source_of(target),
+        "name": naming.name_of(jvp_fun), "source": naming.source_of(jvp_fun),
         "const_names": tuple(f"const{i}" for i in range(nc + len(extra))),
         "closed_over": closed_over, "max_forward_size": max_forward_size,
         "reverse_ok": not _reaches_while(call),
@@ -737,6 +751,14 @@ def _convert_jvp(body: Region, region: Region, eqn: Equation, closed_over: str,
     }
     _replace_equation(region, eqn, jax_consts + new_vals + args, params)
     return params, extra
+
+
+def _refusing_jvp(call_jaxpr, nc: int, n_args: int, out_avals, message: str, *xs):
+    """A staged jvp (JAX's consts, arguments, tangents) whose primal outputs are the
+    call's and whose tangents raise ``message`` when evaluated."""
+    outs = run(region_to_closed_jaxpr(call_jaxpr), *xs[:nc + n_args])
+    return [*outs, *jx.refuse_forward_mode(list(xs[nc + n_args:]),
+                                           [a for a in out_avals if is_inexact(a)], message)]
 
 
 def _call_jvp_thunk(jvp_fun, nonzeros):
