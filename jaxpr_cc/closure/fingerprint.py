@@ -57,6 +57,8 @@ from typing import Any
 import numpy as np
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
+# Scalars whose value is their fingerprint (floats go by bits: ``_scalar``).
+_EXACT_SCALARS = frozenset({bool, int, str, bytes, type(None), type(Ellipsis)})
 MAX_NODES = 4000
 
 
@@ -92,11 +94,16 @@ class Fingerprinter:
         self.budget -= 1
         if self.budget < 0:
             raise _TooBig
+        if type(obj) in _EXACT_SCALARS:  # (the common case, without isinstance)
+            return (type(obj), obj)
         if isinstance(obj, _SCALARS):
             return _scalar(obj)
         key = id(obj)
         if key in self.done:
             return self.done[key]
+        stable = _LIBRARY_CALLABLES.get(key)
+        if stable is not None and stable[0] is obj:
+            return stable[1]
         if key in self.active:  # a cycle: the object's identity stands for it
             self.keepalive.append(obj)
             return ("cycle", key)
@@ -113,6 +120,11 @@ class Fingerprinter:
         return ("id", type(obj), id(obj))
 
     def _walk(self, obj) -> Any:
+        # The kinds most walks are made of, by exact type (the order of the tests
+        # below only matters for subclasses and instance-dependent kinds).
+        fast = _FAST_WALKS.get(type(obj))
+        if fast is not None:
+            return fast(self, obj)
         if isinstance(obj, np.ndarray):
             return ("np", obj.shape, obj.dtype.str,
                     hashlib.blake2b(obj.tobytes(), digest_size=16).digest())
@@ -160,7 +172,12 @@ class Fingerprinter:
         if _in_library(type(obj)) and callable(obj) and hasattr(obj, "__wrapped__"):
             # A library's wrapper (``jax.jit``): fixed at creation, so its identity
             # and what it wraps.
-            return ("wrapper", self._opaque(obj), self(obj.__wrapped__))
+            inner = self(obj.__wrapped__)
+            out = ("wrapper", self._opaque(obj), inner)
+            if isinstance(obj.__wrapped__, types.FunctionType) and \
+                    _LIBRARY_CALLABLES.get(id(obj.__wrapped__), (None,))[0] is obj.__wrapped__:
+                _library_callable(obj, out)
+            return out
         attrs = getattr(obj, "__dict__", None)
         slots = tuple(n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())
                       if isinstance(n, str) and hasattr(obj, n))
@@ -234,16 +251,17 @@ class Fingerprinter:
 
     def _function(self, fn: types.FunctionType) -> tuple:
         self.keepalive.append(fn)
-        if _in_library(fn):
-            return ("function", id(fn))
-        code_names = _global_names(fn.__code__)
+        code = fn.__code__
+        if _is_library_file(code.co_filename):
+            return _library_callable(fn, ("function", id(fn)))
+        code_names, sorted_names, sorted_imports = _code_names(code)
         self.names |= code_names
         cells = tuple(self(_cell_contents(c)) for c in (fn.__closure__ or ()))
         g = fn.__globals__
-        names = tuple(n for n in sorted(code_names) if n in g)
+        names = tuple(n for n in sorted_names if n in g)
         # Modules the code imports itself (``import cfg`` inside the function):
         # a program's own module is walked like one it reads as a global.
-        imported = tuple(self(sys.modules[n]) for n in sorted(_imported_names(fn.__code__))
+        imported = tuple(self(sys.modules[n]) for n in sorted_imports
                          if n not in g and n in sys.modules
                          and not _is_library_file(getattr(sys.modules[n], "__file__", None)
                                                   or ""))
@@ -280,6 +298,31 @@ _BUILTIN_CONTAINER_TYPES = frozenset({
     collections.defaultdict, collections.OrderedDict, collections.Counter})
 
 
+#: Library functions and library wrappers of them (``jnp.tanh``), by id: their
+#: fingerprint is their identity, so it is found once (and they are kept alive,
+#: as a library keeps them anyway).
+_LIBRARY_CALLABLES: dict[int, tuple[Any, tuple]] = {}
+
+
+def _library_callable(obj, out: tuple) -> tuple:
+    _LIBRARY_CALLABLES[id(obj)] = (obj, out)
+    return out
+
+
+def _walk_builtin_container(walk: Fingerprinter, obj) -> tuple:
+    return (type(obj), walk._container(obj), walk._extra_state(obj))
+
+
+#: ``_walk`` by exact type for the kinds a walk meets most (each as the general
+#: tests would classify it).
+_FAST_WALKS = {
+    types.FunctionType: Fingerprinter._function,
+    types.ModuleType: Fingerprinter._module,
+    type: Fingerprinter._class,
+    **{t: _walk_builtin_container for t in (tuple, list, dict, set, frozenset)},
+}
+
+
 def _scalar(obj) -> tuple:
     """Python scalars by type and bits: ``0.0 == -0.0`` and ``nan != nan``, but a
     rule reading either can give other numbers."""
@@ -309,6 +352,13 @@ def _global_names(code: types.CodeType) -> frozenset:
         elif isinstance(c, str) and c.isidentifier():
             names.add(c)
     return frozenset(names)
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_names(code: types.CodeType) -> tuple[frozenset, tuple, tuple]:
+    """``_global_names(code)``, the same sorted, and ``_imported_names(code)`` sorted."""
+    names = _global_names(code)
+    return names, tuple(sorted(names)), tuple(sorted(_imported_names(code)))
 
 
 @functools.lru_cache(maxsize=4096)
