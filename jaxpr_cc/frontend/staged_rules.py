@@ -32,7 +32,7 @@ from ..ir.equation import Equation
 from ..ir.program_services import region_to_closed_jaxpr
 from ..ir.region import Region
 from ..ir.structural_key import KeyMaker
-from ..ir.value import Value
+from ..ir.value import Value, is_literal
 from .from_jaxpr import region_from_closed_jaxpr
 
 
@@ -308,10 +308,20 @@ def _convert_vjp(body: Region, region: Region, eqn: Equation, closed_over: str,
         return b_j, list(b_c), store["zeros"]
 
     # JAX perturbs only the inexact arguments it differentiates (integers never).
+    # A rule whose other patterns read a value of a trace that has ended (a vmapped
+    # rule closing over a batched value) is traced for the arguments the program
+    # can perturb: its constants and literals never are.
+    movable = [is_inexact(a) and not _is_constant(region, x)
+               for x, a in zip(ops[nc:], arg_avals)]
     while True:
         try:
-            fwd_consts, f_j, f_c, res_avals = trace_fwd(
-                [is_inexact(a) for a in arg_avals[lifted:]])
+            try:
+                fwd_consts, f_j, f_c, res_avals = trace_fwd(
+                    [is_inexact(a) for a in arg_avals[lifted:]])
+            except ClosureConversionError:
+                if movable[lifted:] == [is_inexact(a) for a in arg_avals[lifted:]]:
+                    raise
+                fwd_consts, f_j, f_c, res_avals = trace_fwd(movable[lifted:])
             break
         except jx.CustomVJPException:
             lifted = next((i + 1 for i in range(lifted, len(arg_avals))
@@ -340,8 +350,6 @@ def _convert_vjp(body: Region, region: Region, eqn: Equation, closed_over: str,
             if key[0] == "fwd":
                 try:
                     v_fc, v_j, v_c, v_res = trace_fwd(flags)
-                except ClosureConversionError:
-                    raise
                 except Exception:  # noqa: BLE001 -- a pattern the rule refuses
                     return None
                 return v_fc, v_j, v_c, len(v_res)
@@ -371,8 +379,6 @@ def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
         for ct_pattern in ct_patterns:
             try:
                 b_j, b_c, zeros = trace_bwd(v_res, ct_pattern)
-            except ClosureConversionError:
-                raise
             except Exception:  # noqa: BLE001 -- a pattern the rule refuses
                 continue
             bwd_variants.append((family, ct_pattern, b_j, b_c, zeros))
@@ -388,14 +394,17 @@ def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
         try:
             fwd_consts, f_j, f_c, v_res = trace_fwd(flags)
             b_j, b_c, zeros = trace_bwd(v_res)
-        except ClosureConversionError:
-            raise
         except Exception:  # noqa: BLE001 -- a pattern the rule refuses: the main rule
             continue
         fwd_variants.append((pattern, fwd_consts, f_j, f_c, len(v_res)))
         bwd_variants.append((pattern, full_ct, b_j, b_c, zeros))
         ct_variants(pattern, v_res)
     return fwd_variants, bwd_variants
+
+
+def _is_constant(region: Region, operand) -> bool:
+    """A literal or one of ``region``'s constants: no input of the program moves it."""
+    return is_literal(operand) or operand in region.constvars
 
 
 def _consts_first(jaxpr):
@@ -688,8 +697,6 @@ def _convert_jvp(body: Region, region: Region, eqn: Equation, closed_over: str,
                 v_j, v_c, _ = _trace("jvp", jvp_fun,
                                      functools.partial(jvp_dense, pattern=pattern, store=store),
                                      in_avals, "custom_jvp jvp")
-            except ClosureConversionError:
-                raise
             except Exception:  # noqa: BLE001 -- a pattern the rule refuses: the main rule
                 continue
             _check_concrete("jvp", jvp_fun, v_c)
@@ -732,8 +739,6 @@ def _convert_jvp(body: Region, region: Region, eqn: Equation, closed_over: str,
                 v_j, v_c, _ = _trace("jvp", jvp_fun,
                                      functools.partial(jvp_dense, pattern=pattern, store=store),
                                      in_avals, "custom_jvp jvp")
-            except ClosureConversionError:
-                raise
             except Exception:  # noqa: BLE001 -- a pattern the rule refuses
                 return None
             _check_concrete("jvp", jvp_fun, v_c)

@@ -1,0 +1,91 @@
+"""Symbolic-zeros custom rules called under ``jax.vmap`` inside the traced
+function, closing over a batched value (adversary, stop 33).
+
+JAX stages the vmapped rule in its own form, and materializing it traces the
+rule for every perturbation pattern.  A pattern other than the one traced at the
+call reads the batched value of a ``vmap`` that has ended: ``jaxpr_cc.trace``
+raised ``ClosureConversionError`` for programs JAX evaluates and differentiates.
+Such a pattern now runs the main rule (as one whose state changed since the
+call does), and a rule's main trace perturbs only what the program can move.
+References: JAX's value and analytic derivatives.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.custom_derivatives import SymbolicZero
+
+import jaxpr_cc
+
+XS = np.array([0.3, 0.6, 0.9], np.float32)
+W = np.float32(0.7)
+
+
+def _dense(t, x):
+    return jnp.zeros_like(x) if isinstance(t, SymbolicZero) else t
+
+
+def _jvp_program(w, xs):
+    def per(w, xi):
+        @jax.custom_jvp
+        def f(a, b):
+            return jnp.sin(a * xi) * b
+
+        def f_jvp(p, t):
+            (a, b), (ta, tb) = p, t
+            ta, tb = _dense(ta, a), _dense(tb, b)
+            return f(a, b), jnp.cos(a * xi) * xi * b * ta + jnp.sin(a * xi) * tb
+
+        f.defjvp(f_jvp, symbolic_zeros=True)
+        return f(w, xi)
+    return jnp.sum(jax.vmap(per, (None, 0))(w, xs))
+
+
+def _vjp_program(w, xs):
+    def per(w, xi):
+        @jax.custom_vjp
+        def f(a):
+            return jnp.sin(a * xi)
+
+        f.defvjp(lambda a: (f(a.value), a.value),
+                 lambda a, g: (g * jnp.cos(a * xi) * xi,), symbolic_zeros=True)
+        return f(w)
+    return jnp.sum(jax.vmap(per, (None, 0))(w, xs))
+
+
+def _per_example_grads(w, xs):
+    def loss(w, xi):
+        @jax.custom_vjp
+        def f(a, b):
+            return jnp.sin(a * xi) * b
+
+        def fwd(a, b):
+            return f(a.value, b.value), (a.value, b.value)
+
+        def bwd(r, g):
+            a, b = r
+            return g * jnp.cos(a * xi) * xi * b, g * jnp.sin(a * xi)
+
+        f.defvjp(fwd, bwd, symbolic_zeros=True)
+        return f(w, xi) + f(w * 2.0, 3.0)
+    return jnp.sum(jax.vmap(jax.grad(loss), (None, 0))(w, xs))
+
+
+@pytest.mark.parametrize("program, reference, grad_reference", [
+    (_jvp_program, lambda w, xs: np.sum(np.sin(w * xs) * xs),
+     lambda w, xs: np.sum(np.cos(w * xs) * xs * xs)),
+    (_vjp_program, lambda w, xs: np.sum(np.sin(w * xs)),
+     lambda w, xs: np.sum(np.cos(w * xs) * xs)),
+    (_per_example_grads,
+     lambda w, xs: np.sum(np.cos(w * xs) * xs * xs + 6.0 * np.cos(2 * w * xs) * xs), None),
+], ids=["custom_jvp", "custom_vjp", "per_example_grads"])
+def test_vmapped_symbolic_zero_rules(program, reference, grad_reference):
+    w, xs = np.float64(W), XS.astype(np.float64)
+    np.testing.assert_allclose(jax.jit(program)(W, XS), reference(w, xs), rtol=1e-5)
+    traced = jaxpr_cc.trace(program, W, XS)
+    for ours in (traced, jaxpr_cc.jit(program)):
+        np.testing.assert_allclose(ours(W, XS), reference(w, xs), rtol=1e-5)
+    if grad_reference is not None:
+        np.testing.assert_allclose(jax.grad(traced)(W, XS), grad_reference(w, xs), rtol=1e-5)
