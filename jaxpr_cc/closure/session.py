@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -38,8 +39,8 @@ from . import naming
 from .errors import ClosureConversionError
 from .fingerprint import fingerprint
 from .rules import (CLOSED_OVER_MODES, JVPRule, LazyJaxpr, LinearRule, PatternRules, RuleInfo,
-                    VJPRule, bind_linear_rule, build_custom_jvp, build_custom_vjp, is_inexact,
-                    marked)
+                    VJPRule, bind_linear_rule, body, build_custom_jvp, build_custom_vjp,
+                    is_inexact, marked)
 
 _local = threading.local()
 # JAX's jit tracing cache must not hand a jit body traced inside one session (its rules
@@ -74,6 +75,9 @@ class TraceSession:
         # Inside jaxpr_cc.jit no pattern variant is traced up front (see
         # ``patterns_when_given``).
         self.up_front_variants = not getattr(_local, "patterns_when_given", False)
+        # custom_vjp calls whose bwd is traced again when the program returns
+        # (``rebind_late_bwds``).
+        self.late_bwds: list[_LateBwd] = []
 
     def resumed_for(self, make):
         """``make`` run with this session current again: a pattern's body traced
@@ -362,10 +366,57 @@ class TraceSession:
                             marked(closed(t.second, t.second_consts), t.zeros), t.num_res,
                             fwd_variants, bwd_variants,
                             pattern_rules_for(t, consts) if made_by else None)
-            return rule, consts, out_tree, build_custom_vjp(rule)
+            g = build_custom_vjp(rule)
+            fwd = getattr(t, "fwd_traced", None)
+            if fwd is not None and not t.raised and key is not None:
+                state = functools.partial(_readable_state, "bwd", cvjp, static, in_tree)
+                seen = fingerprint(state(), self.keepalive)
+                if seen is not None:
+                    retrace = functools.partial(
+                        self._trace_vjp_bwd, cvjp, static, in_tree, avals, out_tree,
+                        out_avals, fwd[0], fwd[2], fwd[3], perturbed)
+                    self.late_bwds.append(_LateBwd(g, consts, state, seen, retrace, cvjp))
+            return rule, consts, out_tree, g
 
         pending.provisional = provisional
         return self._traced_recursively(key, pending, trace_rules, finish)
+
+    def rebind_late_bwds(self) -> None:
+        """JAX traces a custom_vjp's bwd when it differentiates, after the function
+        that called it has returned: a bwd reading a variable rebound since the call
+        (a loop variable, a name assigned again) sees the value it has then.  So
+        when the program returns, each bwd whose readable state changed since its
+        call is traced again, and the program's equation takes that bwd (fwd and the
+        primal ran at the call, as in JAX).  A bwd that now reads a traced value
+        the call did not give it refuses to run, in one line: JAX reads a value
+        computed after the call, which a first-order rule cannot take."""
+        for late in self.late_bwds:
+            if fingerprint(late.state(), self.keepalive) == late.seen:
+                continue
+            rule = late.g.bwd._jaxpr_cc_rule
+            bwd, zeros, message = None, (), None
+            try:
+                b_jaxpr, b_consts, zeros = late.retrace()
+                bwd = _late_bwd_body(b_jaxpr, b_consts, late.consts)
+            except ClosureConversionError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- JAX raises it when it runs bwd
+                message = _rule_error("vjp", late.custom.bwd, e)
+            if bwd is None:
+                message = message or (
+                    f"custom_vjp rule '{naming.name_of(late.custom.bwd)}' "
+                    f"({naming.source_of(late.custom.bwd)}) reads a value the program rebound "
+                    f"after the call to a traced value; JAX's bwd reads the rebound value when "
+                    f"it runs, which a first-order rule cannot take: pass that value to the "
+                    f"custom function as an argument")
+                call = body(rule.call)
+                res_avals = [v.aval for v in body(rule.fwd).jaxpr.outvars[len(call.out_avals):]]
+                b_jaxpr, b_consts = _refusing_bwd(res_avals, list(call.in_avals[rule.num_consts:]),
+                                                  list(call.out_avals), message)
+                bwd, zeros = _close(_with_consts(b_jaxpr, b_consts, late.consts)), ()
+            late.g.bwd._jaxpr_cc_rule = rule.replace(
+                bwd=marked(bwd, zeros), fwd_variants=(), bwd_variants=(), pattern_rules=None)
+        self.late_bwds.clear()
 
     def _unchanged_since_call(self, kind, custom, static, key):
         """``() -> bool``: can the user's rules still be traced as they were at this
@@ -764,6 +815,38 @@ class _Pending:
                 fn._jaxpr_cc_rule = rule
 
 
+@dataclass(eq=False)
+class _LateBwd:
+    """A custom_vjp call whose bwd may be traced again when the program returns."""
+    g: Any              # the first-order custom function bound at the call
+    consts: list        # the rule's closed-over values (its leading operands)
+    state: Any          # () -> what bwd can read (``_readable_state``)
+    seen: Any           # its fingerprint at the call
+    retrace: Any        # () -> (jaxpr, consts, zeros) of bwd, traced now
+    custom: Any         # the user's custom_vjp
+
+
+def _late_bwd_body(jaxpr, consts: list, rule_consts: list):
+    """A bwd traced after the call, taking the rule's closed-over values: those it
+    reads are the call's; new concrete values become literals.  None when it reads
+    a traced value the call did not close over."""
+    known = {_const_identity(c) for c in rule_consts}
+    new = [i for i, c in enumerate(consts) if _const_identity(c) not in known]
+    if not new:
+        return _close(_with_consts(jaxpr, consts, rule_consts))
+    if any(isinstance(consts[i], jx.Tracer) for i in new):
+        return None
+    n = len(consts)
+    order = new + [i for i in range(n) if i not in new]
+    moved = jx.Jaxpr(jaxpr.constvars, [jaxpr.invars[i] for i in order] + list(jaxpr.invars[n:]),
+                     jaxpr.outvars, jaxpr.eqns, jaxpr.effects, jaxpr.debug_info)
+    inlined = jx.inline_host_consts(moved, [consts[i] for i in new])
+    if inlined is None:
+        return None
+    kept = [consts[i] for i in order[len(new):]]
+    return _close(_with_consts(inlined, kept, rule_consts))
+
+
 def _flags(inexact: list[int], n: int, pattern) -> tuple[bool, ...]:
     """A pattern over the inexact leaves -> perturbed flags over all ``n`` leaves."""
     flags = [False] * n
@@ -887,7 +970,10 @@ _EXACT_NODES = (tuple, list, type(None))
 
 
 def _rule_functions(kind: str, custom) -> tuple:
-    """The user's Python functions that define a custom function's primal and rules."""
+    """The user's Python functions that define a custom function's primal and rules
+    (``"bwd"``: a custom_vjp's bwd alone)."""
+    if kind == "bwd":
+        return (custom.bwd,)
     if kind == "vjp":
         return (custom.fun, custom.fwd, custom.bwd)
     return (custom.fun, custom.jvp)

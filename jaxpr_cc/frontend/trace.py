@@ -33,7 +33,7 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
         raise TypeError(
             "jaxpr_cc.trace: rule_depth was removed; recursion through custom rules is "
             "finite now (any derivative order works): drop the argument")
-    from ..closure.session import session
+    from ..closure.session import current, session
     from .staged_rules import convert_program
 
     # A fresh function per trace (JAX caches traces by function, and this trace runs
@@ -43,9 +43,13 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
 
     def traced_fun(*args, **kwargs):
         if not explain:
-            return fun(*args, **kwargs)
-        with jx.cache_miss_explanations(True):  # see jax_adapter: the user's own jits
-            return fun(*args, **kwargs)
+            out = fun(*args, **kwargs)
+        else:
+            with jx.cache_miss_explanations(True):  # see jax_adapter: the user's own jits
+                out = fun(*args, **kwargs)
+        # JAX traces a custom_vjp's bwd when it differentiates, after ``fun`` returned.
+        current().rebind_late_bwds()
+        return out
     inner = innermost_function(fun)
     functools.update_wrapper(traced_fun, inner, updated=())
     traced_fun.__wrapped__ = inner  # JAX's source location of the user's code
