@@ -1158,6 +1158,12 @@ def is_autodiff_tracer(x) -> bool:
     return isinstance(x, (_pt_ad.JVPTracer, _pt_ad.LinearizeTracer))
 
 
+def is_transformation_tracer(x) -> bool:
+    """A tracer of a transformation the program applies inside itself (``jax.vmap``,
+    ``jax.jvp``...), not of a staging trace: its trace ends before the program's."""
+    return isinstance(x, _core.Tracer) and not isinstance(x, _pe.DynamicJaxprTracer)
+
+
 def _refused_transpose(cts, *args, message, **_):
     raise ForwardModeRefusedError(message)
 

@@ -262,7 +262,11 @@ class TraceSession:
             # A rule that raised for the main pattern (one asserting which inputs
             # are perturbed, or which cotangents are symbolic zeros) gets its
             # variants up front even inside jaxpr_cc.jit.
-            if cvjp.symbolic_zeros and self._variants_allowed(traced.raised):
+            # A rule closing over a value of a vmap inside the program cannot be
+            # traced for another pattern once that vmap has ended: its patterns
+            # are traced now.
+            inner = any(jx.is_transformation_tracer(c) for c in (*p_consts, *traced.consts))
+            if cvjp.symbolic_zeros and (inner or self._variants_allowed(traced.raised)):
                 traced.add_vjp_variants(self._vjp_variants(avals, out_avals, perturbed,
                                                            trace_pattern, traced))
             return traced
@@ -624,9 +628,14 @@ class TraceSession:
         def finish(t: "_Traced", consts):
             if consts is None:
                 consts = _dedupe(p_consts + t.consts)
+            later = pattern_rules_for(consts) if made_by else None
+            if later is not None and any(jx.is_transformation_tracer(c) for c in consts):
+                # It closes over a value of a vmap inside the program, which ends
+                # before JAX gives the other patterns: they are traced now.
+                for pattern in _variant_patterns(avals, perturbed):
+                    later.raw(pattern)
             rule = rule_for(consts, marked(_close(_with_consts(t.first, t.first_consts, consts)),
-                                           t.zeros),
-                            (), pattern_rules_for(consts) if made_by else None)
+                                           t.zeros), (), later)
             return rule, consts, out_tree, build_custom_jvp(rule)
 
         pending.provisional = provisional
