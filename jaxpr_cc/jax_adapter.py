@@ -1158,6 +1158,26 @@ def is_autodiff_tracer(x) -> bool:
     return isinstance(x, (_pt_ad.JVPTracer, _pt_ad.LinearizeTracer))
 
 
+def gather_fill_value(params: dict):
+    """The value a ``gather`` equation gives out-of-bounds indices, or None when its
+    mode gives none (clip, promise in bounds); None as JAX's fill means NaN for
+    inexact operands."""
+    if params.get("mode") is not jax.lax.GatherScatterMode.FILL_OR_DROP:
+        return None
+    fill = params.get("fill_value")
+    return float("nan") if fill is None else fill
+
+
+def gather_as(params: dict, operand, indices, fill_value):
+    """The gather an equation with ``params`` does, of ``operand``, filling
+    out-of-bounds indices with ``fill_value``."""
+    return jax.lax.gather(operand, indices, dimension_numbers=params["dimension_numbers"],
+                          slice_sizes=params["slice_sizes"],
+                          unique_indices=params["unique_indices"],
+                          indices_are_sorted=params["indices_are_sorted"],
+                          mode=params["mode"], fill_value=fill_value)
+
+
 def is_transformation_tracer(x) -> bool:
     """A tracer of a transformation the program applies inside itself (``jax.vmap``,
     ``jax.jvp``...), not of a staging trace: its trace ends before the program's."""

@@ -283,12 +283,33 @@ def _sort_form(eqn, invals):
     return [*sorted_keys, *[jnp.take_along_axis(x, order, axis=dim) for x in invals[keys:]]]
 
 
+def _gather_fill_linearity(eqn, flags):
+    """A gather of the linear input that fills out-of-bounds indices with a
+    nonzero value puts a constant there: linear elsewhere."""
+    fill = jx.gather_fill_value(eqn.params)
+    return (fill is not None and not fill == 0 and flags[0] and not flags[1]), [True]
+
+
+def _gather_fill_form(eqn, invals):
+    """The gather with a zero fill, plus a term that is NaN times the operand where
+    an index is out of bounds: the constant the fill puts beside the cotangent
+    makes the transposed map NaN, never a different number (as for other
+    constants, see _MERGES).  (A mask on the gather's result alone would be
+    dropped with the out-of-bounds entries by the transposed scatter.)"""
+    operand, indices = invals
+    out = jx.gather_as(eqn.params, operand, indices, 0)
+    inside = jx.gather_as(eqn.params, jnp.ones_like(operand), indices, 0)
+    poison = jnp.where(inside == 1, 0.0, jnp.nan).astype(out.dtype)
+    return [out + jnp.sum(operand).astype(out.dtype) * poison]
+
+
 # Primitives JAX gives no transpose rule that are linear for some operands:
 # name -> (whether linear for these flags, and which results then are; the
 # equation's value in a form JAX transposes).
 _LINEAR_FORMS = {
     "integer_pow": (_pow_one_linearity, _pow_one_form),
     "sort": (_sort_linearity, _sort_form),
+    "gather": (_gather_fill_linearity, _gather_fill_form),
 }
 
 
@@ -1037,6 +1058,17 @@ def _eqn_has_while(eqn) -> bool:
     return eqn.primitive.name == "while" or any(_has_while(s) for s in _sub_jaxprs(eqn.params))
 
 
+def _has_linear_form(jaxpr) -> bool:
+    return any(e.primitive.name in _LINEAR_FORMS
+               or any(_has_linear_form(s) for s in _sub_jaxprs(e.params)) for e in jaxpr.eqns)
+
+
+def _evaluated_by_parts(eqn) -> bool:
+    """Does the linear evaluation go inside ``eqn``: a loop, or a call, loop or
+    branch holding one, or an equation with a linear form (``_LINEAR_FORMS``)?"""
+    return _eqn_has_while(eqn) or any(_has_linear_form(s) for s in _sub_jaxprs(eqn.params))
+
+
 #: Steps a loop runs in ``_eval_at_zero``.
 _AT_ZERO_STEPS = 64
 
@@ -1130,7 +1162,7 @@ def _eval_equations(jaxpr, env: dict, dep: set) -> None:
             continue
         invals = [read(a) for a in eqn.invars]
         flags = [not isinstance(a, Literal) and a in dep for a in eqn.invars]
-        if any(flags) and _eqn_has_while(eqn):
+        if any(flags) and _evaluated_by_parts(eqn):
             outs, out_flags = _eval_linear_eqn(eqn, invals, flags, used)
         else:
             if eqn.primitive.name in _VALUE_IDENTITY and any(flags):
