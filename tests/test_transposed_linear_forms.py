@@ -61,3 +61,25 @@ def test_a_nonlinear_bwd_stays_refused(body, fragment):
     with pytest.raises(Exception, match="not linear") as info:
         jax.jacfwd(jaxpr_cc.jit(f))(X)
     assert fragment in str(info.value)
+
+
+def test_a_scan_placing_its_scanned_rows_beside_the_cotangent_is_nan():
+    """``scan(lambda a, t: (B @ where(mask, a, t), None), c * g, T)`` puts a
+    constant (a row of T) beside the cotangent: affine, so forward mode is NaN.
+    The affine check evaluated the scan's body once on all of T (a shape error
+    from JAX; adversary, stop 33).  Reference: ``jax.jacrev`` for reverse mode."""
+    b = jnp.array([[0.2, 0.1, 0.0], [0.0, 0.1, 0.4], [0.1, 0.0, 0.2]])
+    rows = jnp.array([[1.0, -1.0, 2.0], [-1.0, 1.0, 1.0]])
+    mask = jnp.array([True, False, True])
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)),
+             lambda c, g: (jax.lax.scan(lambda a, t: (b @ jnp.where(mask, a, t), None),
+                                        c * g, rows)[0],))
+    x = jnp.array([0.3, -0.7, 1.1])
+    got = np.asarray(jax.jacfwd(jaxpr_cc.jit(f))(x))
+    assert np.all(np.isnan(got))
+    np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(x), jax.jacrev(f)(x), rtol=1e-6)

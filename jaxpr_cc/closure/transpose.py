@@ -1101,6 +1101,8 @@ def _eval_at_zero(jaxpr, consts, args) -> list:
                 return _eval_at_zero(body.jaxpr, body.consts, [*bv, *c[0]]), c[1] + 1
 
             outs, _ = jax.lax.while_loop(keep_going, step, (invals[cc + bc:], jnp.int32(0)))
+        elif eqn.primitive.name == "scan":
+            outs = _scan_at_zero(eqn, invals)
         elif callee is not None:
             outs = _eval_at_zero(callee[0], callee[1], invals)
         else:
@@ -1109,8 +1111,28 @@ def _eval_at_zero(jaxpr, consts, args) -> list:
     return [read(a) for a in jaxpr.outvars]
 
 
+def _scan_at_zero(eqn, invals) -> list:
+    """A scan in ``_eval_at_zero``: its body, on each step's slice of the scanned
+    operands, evaluated the same way (its loops capped)."""
+    p = eqn.params
+    nc, ncarry = p["num_consts"], p["num_carry"]
+    body = p["jaxpr"]
+    consts, carry, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+
+    def step(c, x):
+        outs = _eval_at_zero(body.jaxpr, body.consts, [*consts, *c, *x])
+        return outs[:ncarry], outs[ncarry:]
+
+    carry_out, ys = jax.lax.scan(step, list(carry), list(xs), length=p["length"],
+                                 reverse=p["reverse"], unroll=p["unroll"])
+    return [*carry_out, *ys]
+
+
 def _callee(eqn):
-    """``(jaxpr, consts)`` of a call-like equation whose body takes its operands."""
+    """``(jaxpr, consts)`` of a call-like equation whose body takes its operands
+    (not a scan's body, which takes a slice of each scanned operand)."""
+    if eqn.primitive.name == "scan":
+        return None
     for key in _CALL_PARAMS:
         sub = eqn.params.get(key)
         if isinstance(sub, ClosedJaxpr) and len(sub.jaxpr.invars) == len(eqn.invars):
