@@ -83,3 +83,23 @@ def test_a_scan_placing_its_scanned_rows_beside_the_cotangent_is_nan():
     got = np.asarray(jax.jacfwd(jaxpr_cc.jit(f))(x))
     assert np.all(np.isnan(got))
     np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(x), jax.jacrev(f)(x), rtol=1e-6)
+
+
+def test_max_pooling_of_the_cotangent_is_refused_by_name():
+    """A bwd applying max pooling's vjp at the cotangent (the cotangent selects the
+    window maxima: not linear) was refused with JAX's bare AssertionError; the
+    refusal names the operation (adversary, stop 33)."""
+    def pool(z):
+        return lax.reduce_window(z, -jnp.inf, lax.max, (2,), (2,), "VALID")
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)),
+             lambda c, g: (jax.vjp(pool, g)[1](c[:2])[0],))
+    x = jnp.array([0.3, -0.7, 1.1, 0.5])
+    np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(x), jax.jacrev(f)(x))
+    with pytest.raises(Exception, match="window selection.*select_and_scatter_add") as err:
+        jax.jacfwd(jaxpr_cc.jit(f))(x)
+    assert "\n" not in str(err.value)

@@ -227,6 +227,8 @@ _NONLINEAR_OPERANDS = {
                                  "the linear input"),
     "select_and_gather_add": (slice(1, 2), "a window selection by a value that depends on the "
                                            "linear input"),
+    "select_and_scatter_add": (slice(1, 2), "a window selection (max pooling's derivative) by "
+                                            "a value that depends on the linear input"),
     "triangular_solve": (slice(0, 1), "a triangular solve whose matrix depends on the linear "
                                       "input"),
 }
