@@ -103,3 +103,21 @@ def test_max_pooling_of_the_cotangent_is_refused_by_name():
     with pytest.raises(Exception, match="window selection.*select_and_scatter_add") as err:
         jax.jacfwd(jaxpr_cc.jit(f))(x)
     assert "\n" not in str(err.value)
+
+
+def test_a_bwd_calling_its_own_custom_function():
+    """``s(v) = 2 v`` whose bwd is ``s(g)``: linear, and its value is the primal's.
+    Forward mode raised JAX's "Transpose rule for 'custom_vjp_call' not
+    implemented" (adversary, stop 33).  References: ``jax.jacrev`` (2 I) and the
+    analytic Hessian of ``sum(sin(s(x)))``, ``diag(-4 sin(2 x))``."""
+    @jax.custom_vjp
+    def s(v):
+        return 2.0 * v
+
+    s.defvjp(lambda v: (2.0 * v, None), lambda _, g: (s(g),))
+    with jax.enable_x64(True):
+        x = jnp.array([0.3, -0.7, 1.1])
+        np.testing.assert_allclose(jax.jacfwd(jaxpr_cc.jit(s))(x), jax.jacrev(s)(x))
+        hessian = jax.hessian(jaxpr_cc.jit(lambda x: jnp.sum(jnp.sin(s(x)))))(x)
+        np.testing.assert_allclose(hessian, np.diag(-4 * np.sin(2 * np.asarray(x))),
+                                   rtol=1e-12, atol=1e-14)

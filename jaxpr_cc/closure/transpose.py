@@ -1065,10 +1065,17 @@ def _has_linear_form(jaxpr) -> bool:
                or any(_has_linear_form(s) for s in _sub_jaxprs(e.params)) for e in jaxpr.eqns)
 
 
+#: Primitives JAX cannot transpose whose value is their primal's: a custom_vjp
+#: call in a bwd (one calling its own function) is evaluated as its primal.
+_BY_PRIMAL = ("custom_vjp_call",)
+
+
 def _evaluated_by_parts(eqn) -> bool:
     """Does the linear evaluation go inside ``eqn``: a loop, or a call, loop or
-    branch holding one, or an equation with a linear form (``_LINEAR_FORMS``)?"""
-    return _eqn_has_while(eqn) or any(_has_linear_form(s) for s in _sub_jaxprs(eqn.params))
+    branch holding one, an equation with a linear form (``_LINEAR_FORMS``), or a
+    custom_vjp call (``_BY_PRIMAL``)?"""
+    return (eqn.primitive.name in _BY_PRIMAL or _eqn_has_while(eqn)
+            or any(_has_linear_form(s) for s in _sub_jaxprs(eqn.params)))
 
 
 #: Steps a loop runs in ``_eval_at_zero``.
