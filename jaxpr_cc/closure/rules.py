@@ -672,7 +672,9 @@ def build_custom_vjp(rule: VJPRule):
                     family or rule.pattern_rules.main)
                 rule_bwd = rule.pattern_rules.get(("bwd", in_pattern, ct_pattern), const_avals)
             if rule_bwd is None:
-                rule_bwd = bwd_by_pattern[(family, full)] if family else rule.bwd
+                # (The main bwd as the rule now has it: the session traces it
+                # again when the program returns if what it reads changed since.)
+                rule_bwd = bwd_by_pattern[(family, full)] if family else bwd._jaxpr_cc_rule.bwd
             got = run(rule_bwd, *saved_consts, *saved_res, *dense_cts)
             # A cotangent the user's bwd returned as None or SymbolicZero goes back
             # to JAX as a symbolic zero (None), as from the user's own rule.
