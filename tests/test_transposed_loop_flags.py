@@ -204,3 +204,37 @@ def test_a_neumann_series_that_computes_its_term_twice():
         traced = jaxpr_cc.trace(program, x)
         for ours in (traced, jaxpr_cc.run_passes(traced, "vjp-to-jvp"), jaxpr_cc.jit(program)):
             np.testing.assert_allclose(jax.jacfwd(ours)(x), want, rtol=1e-9, atol=1e-12)
+
+
+def test_a_gap_that_starts_at_a_zero_product_never_runs_the_loop():
+    """A carried gap started at ``0.0 * sum(u)``: zero at run time, so the loop
+    never runs and bwd is ``c g``.  Only a literal zero start was recognised; this
+    one was transposed as the loop's limit, a wrong forward-mode derivative
+    (adversary, stop 33).  Reference: ``jax.jacrev`` (JAX runs the user's bwd)."""
+    b = jnp.array([[0.2, 0.1, 0.0], [0.0, 0.1, 0.4], [0.1, 0.0, 0.2]])
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(c, g):
+        u = c * g
+
+        def body(s):
+            v, _ = s
+            new = b @ v + u
+            return new, jnp.max(jnp.abs(new - v))
+        return (lax.while_loop(lambda s: s[1] > 1e-12, body, (u, 0.0 * jnp.sum(u)))[0],)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), bwd)
+    with jax.enable_x64(True):
+        x = jnp.asarray(X[:3])
+        want = np.asarray(jax.jacrev(f)(x))
+        np.testing.assert_allclose(want, np.diag(np.cos(np.asarray(x))), rtol=1e-12)
+        # The loop's map (its start) is not the limit of its iteration: refused,
+        # as a literal zero start is, never transposed as the limit.
+        with pytest.raises(Exception, match="the loop never runs"):
+            jax.jacfwd(jaxpr_cc.trace(f, x))(x)
+        with pytest.raises(Exception, match="forward-mode"):
+            jax.jacfwd(jaxpr_cc.jit(f))(x)
+        np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(x), want, rtol=1e-12)

@@ -461,6 +461,8 @@ def _scan_equations(jaxpr, linear: list[bool], zeros: list[bool], *, check_outpu
             outs = [r and jnp.issubdtype(v.aval.dtype, jnp.inexact)
                     for v, r in zip(eqn.outvars, _eqn_reaches(eqn, flags))]
             out_zero = [False] * len(eqn.outvars)
+        if jx.is_bilinear(eqn.primitive) and any(z and not f for z, f in zip(zflags, flags)):
+            out_zero = [True] * len(eqn.outvars)  # a product with a zero (0.0 * sum(g))
         dep.update(v for v, flag in zip(eqn.outvars, outs) if flag)
         zero_vars.update(v for v, flag in zip(eqn.outvars, out_zero) if flag)
     out_linear = [depends(a) for a in jaxpr.outvars]
@@ -854,7 +856,7 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
                                  f"linear input places a constant beside the linear values, "
                                  f"which {_AFFINE}"), None)
     if check and converges and any(lin):
-        reason = _read_convergence_test(eqn, lin)
+        reason = _read_convergence_test(eqn, lin, zero_starts=init_zero)
         if reason is not None:
             return (Problem(eqn, f"a while_loop that stops on a test of the linear input, so "
                                  f"its trip count depends on it, and {reason}: it is not the "
@@ -925,7 +927,8 @@ def _passing_through(body, bc: int, carries: list[bool]):
                     body.debug_info)
 
 
-def _read_convergence_test(eqn, lin, tags: dict | None = None) -> str | None:
+def _read_convergence_test(eqn, lin, tags: dict | None = None,
+                           zero_starts=None) -> str | None:
     """Why the exit test of a while_loop whose carries marked ``lin`` carry the
     linear input is not a convergence test of them, or None when it is (see
     ``closure.convergence``: the change between iterations, a residual or a
@@ -975,21 +978,24 @@ def _read_convergence_test(eqn, lin, tags: dict | None = None) -> str | None:
     if _tolerance_reads(cond, counted, tags):
         return ("its tolerance changes with the iteration count (a cap written through the "
                 "tolerance)")
-    if _stops_at_its_start(eqn):
+    if _stops_at_its_start(eqn, zero_starts):
         return ("its test is already met at the start (a gap or flag that starts 'converged'), "
                 "so the loop never runs and returns its start, not its limit")
     return None
 
 
-def _stops_at_its_start(eqn) -> bool:
+def _stops_at_its_start(eqn, zero_starts=None) -> bool:
     """Whether the loop's test, when everything it reads at the start is a
-    literal, is false there: the loop never runs."""
+    literal or a carry known to start at zero (``zero_starts``: ``0 * sum(g)``),
+    is false there: the loop never runs."""
     p = eqn.params
     cc, bc = p["cond_nconsts"], p["body_nconsts"]
     cond = p["cond_jaxpr"]
     _, reads = jx.dce_jaxpr(cond.jaxpr, [True])
     operands = list(eqn.invars[:cc]) + list(eqn.invars[cc + bc:])
-    if not any(reads) or not all(isinstance(a, Literal) for a, r in zip(operands, reads) if r):
+    zero = [False] * cc + list(zero_starts or [False] * (len(operands) - cc))
+    if not any(reads) or not all(isinstance(a, Literal) or z
+                                 for a, r, z in zip(operands, reads, zero) if r):
         return False
     args = [a.val if isinstance(a, Literal) else jnp.zeros(a.aval.shape, a.aval.dtype)
             for a in operands]
