@@ -997,7 +997,7 @@ def _stops_at_its_start(eqn, zero_starts=None) -> bool:
     if not any(reads) or not all(isinstance(a, Literal) or z
                                  for a, r, z in zip(operands, reads, zero) if r):
         return False
-    args = [a.val if isinstance(a, Literal) else jnp.zeros(a.aval.shape, a.aval.dtype)
+    args = [a.val if isinstance(a, Literal) else np.zeros(a.aval.shape, a.aval.dtype)
             for a in operands]
     with jax.ensure_compile_time_eval():  # literals: a value now, even inside a trace
         (pred,) = jx.eval_jaxpr(cond.jaxpr, cond.consts, *args)
