@@ -238,3 +238,32 @@ def test_a_gap_that_starts_at_a_zero_product_never_runs_the_loop():
         with pytest.raises(Exception, match="forward-mode"):
             jax.jacfwd(jaxpr_cc.jit(f))(x)
         np.testing.assert_allclose(jax.jacrev(jaxpr_cc.jit(f))(x), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("previous", ["neg_neg", "half_plus_half", "plus_zero_times_g"])
+def test_a_previous_iterate_that_starts_as_the_iterate_by_arithmetic(previous):
+    """``(u, -(-u))``, ``(u, 0.5 u + 0.5 u)``, ``(u, u + 0 g)``: the previous
+    iterate starts equal to the iterate, so the loop never runs and bwd is
+    ``c g``.  Only syntactic copies were recognised; these were transposed as
+    the loop's limit (adversary, stop 33).  Reference: ``jax.jacrev``."""
+    b = jnp.array([[0.2, 0.1, 0.0], [0.0, 0.1, 0.4], [0.1, 0.0, 0.2]])
+    spelled = {"neg_neg": lambda u, g: -(-u), "half_plus_half": lambda u, g: 0.5 * u + 0.5 * u,
+               "plus_zero_times_g": lambda u, g: u + 0 * g}[previous]
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(c, g):
+        u = c * g
+        return (lax.while_loop(lambda s: jnp.max(jnp.abs(s[0] - s[1])) > 1e-12,
+                               lambda s: (b @ s[0] + u, s[0]), (u, spelled(u, g)))[0],)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), bwd)
+    with jax.enable_x64(True):
+        x = jnp.asarray(X[:3])
+        want = np.asarray(jax.jacrev(f)(x))
+        np.testing.assert_allclose(want, np.diag(np.cos(np.asarray(x))), rtol=1e-12)
+        for ours in (jaxpr_cc.trace(f, x), jaxpr_cc.jit(f)):
+            with pytest.raises(Exception, match="starts equal to carry"):
+                jax.jacfwd(ours)(x)

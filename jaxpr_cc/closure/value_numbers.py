@@ -38,12 +38,31 @@ def value_numbers(jaxpr) -> dict:
             return ("literal", str(val.dtype), val.shape, val.tobytes())
         return keys.get(atom, ("unknown", id(atom)))
 
+    # Sums of scaled values (``-(-u)``, ``0.5 u + 0.5 u``, ``u + 0 g``): the key of
+    # a sum is that of its terms' combination, ``{key: coefficient}``.
+    forms: dict = {}
+
+    def form(atom):
+        if isinstance(atom, jx.Literal):
+            return {} if np.ndim(atom.val) == 0 and np.asarray(atom.val) == 0 else None
+        return forms.get(atom, {key(atom): 1.0})
+
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         ins = [key(a) for a in eqn.invars]
         same = _unchanged_operand(eqn, name)
         if same is not None:
             keys[eqn.outvars[0]] = ins[same]
+            if not isinstance(eqn.invars[same], jx.Literal) and eqn.invars[same] in forms:
+                forms[eqn.outvars[0]] = forms[eqn.invars[same]]
+            continue
+        combined = _linear_combination(eqn, name, form)
+        if combined is not None:
+            out = eqn.outvars[0]
+            forms[out] = combined
+            terms = [(k, c) for k, c in combined.items() if c != 0]
+            keys[out] = terms[0][0] if len(terms) == 1 and terms[0][1] == 1.0 else \
+                ("sum", str(out.aval), tuple(sorted(terms, key=repr)))
             continue
         if any(isinstance(p, (jx.ClosedJaxpr, jx.Jaxpr)) for p in _param_values(eqn.params)):
             # Calls and control flow: not compared (each result is its own value).
@@ -56,6 +75,39 @@ def value_numbers(jaxpr) -> dict:
         for i, v in enumerate(eqn.outvars):
             keys[v] = (name, params, tuple(ins), i)
     return keys
+
+
+def _linear_combination(eqn, name: str, form) -> dict | None:
+    """``{key: coefficient}`` of an inexact sum, difference, negation or product
+    with a scalar literal of values of known forms; None for anything else."""
+    if len(eqn.outvars) != 1 or not np.issubdtype(eqn.outvars[0].aval.dtype, np.inexact):
+        return None
+    out = eqn.outvars[0].aval
+    if any(not isinstance(a, jx.Literal) and a.aval != out for a in eqn.invars):
+        return None  # a broadcast operand: not a term of the same shape
+    if name == "neg":
+        f = form(eqn.invars[0])
+        return None if f is None else {k: -c for k, c in f.items()}
+    if name in ("add", "add_any", "sub") and len(eqn.invars) == 2:
+        a, b = (form(x) for x in eqn.invars)
+        if a is None or b is None:
+            return None
+        sign = -1.0 if name == "sub" else 1.0
+        out_form = dict(a)
+        for k, c in b.items():
+            out_form[k] = out_form.get(k, 0.0) + sign * c
+        return out_form
+    if name == "mul" and len(eqn.invars) == 2:
+        for pos in (0, 1):
+            lit, other = eqn.invars[pos], eqn.invars[1 - pos]
+            if isinstance(lit, jx.Literal) and np.ndim(lit.val) == 0:
+                scale = complex(np.asarray(lit.val)) if np.iscomplexobj(lit.val) \
+                    else float(np.asarray(lit.val))
+                if scale == 0:
+                    return {}
+                f = form(other)
+                return None if f is None else {k: scale * c for k, c in f.items()}
+    return None
 
 
 def _param_values(params: dict):
