@@ -267,3 +267,33 @@ def test_a_previous_iterate_that_starts_as_the_iterate_by_arithmetic(previous):
         for ours in (jaxpr_cc.trace(f, x), jaxpr_cc.jit(f)):
             with pytest.raises(Exception, match="starts equal to carry"):
                 jax.jacfwd(ours)(x)
+
+
+def test_a_carried_change_relative_to_the_iterate():
+    """``err = |v_new - v| / |v_new|`` carried and tested against a tolerance:
+    the multiplied form ``|dv| > tol |v|`` was accepted and this one refused
+    (adversary, stop 33).  References: ``jax.jacrev`` and the exact solve."""
+    b = jnp.array([[0.2, 0.1, 0.0, 0.3], [0.0, 0.1, 0.4, 0.0],
+                   [0.1, 0.0, 0.2, 0.1], [0.3, 0.2, 0.0, 0.1]])
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(c, g):
+        u = c * g
+
+        def body(s):
+            v, _ = s
+            new = b @ v + u
+            return new, jnp.linalg.norm(new - v) / jnp.linalg.norm(new)
+        return (lax.while_loop(lambda s: s[1] > 1e-13, body, (u, jnp.inf))[0],)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), bwd)
+    with jax.enable_x64(True):
+        x = jnp.asarray(X)
+        want = jax.jacrev(f)(x)
+        exact = np.linalg.solve(np.eye(4) - np.asarray(b), np.diag(np.cos(np.asarray(x)))).T
+        np.testing.assert_allclose(want, exact, rtol=1e-10)
+        for ours in (jaxpr_cc.trace(f, x), jaxpr_cc.jit(f)):
+            np.testing.assert_allclose(jax.jacfwd(ours)(x), want, rtol=1e-9, atol=1e-12)

@@ -384,6 +384,11 @@ def _transfer(eqn, tags: list[_Tag], atoms, notes: dict | None = None,
             if name == "div" and tags[0] is one and _finite_literal(atoms[1], nonzero=True) \
                     and others[0].sign == "pos":
                 return [one]
+            # |d| / |x|, a change relative to the iterate, where relative tolerances
+            # are accepted: as |d| > tol |x| (an iterate that overflows stops both).
+            if name == "div" and tags[0] is one and free(others) and \
+                    others[0].kind == "iterate" and "iterate" in bounds:
+                return [one]
             if name == "div" and tags[0] is one and free(others):
                 return [_bad("the size of the change is divided by a value not proven a finite "
                              "positive constant (a divisor that overflows to inf makes the "
