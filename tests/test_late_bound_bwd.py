@@ -92,3 +92,17 @@ def test_a_bwd_reading_a_traced_value_rebound_after_the_call_is_refused():
     np.testing.assert_allclose(ours(*args), 3.0)
     with pytest.raises(Exception, match="rebound after the call to a traced value"):
         jax.grad(ours)(*args)
+
+
+def test_the_late_bwd_is_what_is_saved_and_emitted(tmp_path):
+    import importlib.util
+    x = np.float32(1.5)
+    want = jax.grad(_loop_variable)(x)
+    program = jaxpr_cc.trace(_loop_variable, x)
+    jaxpr_cc.save(program, tmp_path / "p.jcc")
+    np.testing.assert_allclose(jax.grad(jaxpr_cc.load(tmp_path / "p.jcc"))(x), want)
+    jaxpr_cc.write_python(program, tmp_path / "emitted.py")
+    spec = importlib.util.spec_from_file_location("emitted_late", tmp_path / "emitted.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    np.testing.assert_allclose(jax.grad(module._loop_variable)(x), want)
