@@ -106,3 +106,44 @@ def test_the_late_bwd_is_what_is_saved_and_emitted(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     np.testing.assert_allclose(jax.grad(module._loop_variable)(x), want)
+
+
+STATE = [1.0]
+
+
+@jax.custom_vjp
+def _reads_state(a):
+    return a * 2.0
+
+
+_reads_state.defvjp(lambda a: (_reads_state(a), None), lambda r, g: (g * STATE[0],))
+
+
+def _scan_body(c, _):
+    return _reads_state(c), None
+
+
+def _branch(a):
+    return _reads_state(a)
+
+
+CACHED_BODIES = {"scan": lambda x: jax.lax.scan(_scan_body, x, None, length=2)[0],
+                 "cond": lambda x: jax.lax.cond(x > 0, _branch, _branch, x)}
+
+
+@pytest.mark.parametrize("kind", sorted(CACHED_BODIES))
+def test_a_body_jax_cached_in_one_program_is_not_another_programs(kind):
+    """Two programs run a module-level scan body (or cond branches) calling a
+    custom_vjp whose bwd reads a global each sets before the call: JAX's cache of
+    the body handed the first program's rule to the second (adversary, stop 33).
+    Reference: ``jax.grad`` of each program."""
+    def program(value):
+        def run(x):
+            STATE[0] = value
+            return CACHED_BODIES[kind](x)
+        return run
+
+    x = np.float32(1.5)
+    for value in (2.0, 3.0):
+        want = jax.grad(program(value))(x)
+        np.testing.assert_allclose(jax.grad(jaxpr_cc.trace(program(value), x))(x), want)

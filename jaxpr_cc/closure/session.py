@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -43,10 +44,11 @@ from .rules import (CLOSED_OVER_MODES, JVPRule, LazyJaxpr, LinearRule, PatternRu
                     is_inexact, marked)
 
 _local = threading.local()
-# JAX's jit tracing cache must not hand a jit body traced inside one session (its rules
-# re-bound with that session's options) to code outside it or to a session with other
-# options: the session's options are part of JAX's cache key.
+# JAX's tracing caches (jit, scan and cond bodies) must not hand a body traced inside
+# one session (its rules re-bound with what they read then) to code outside it or to
+# another session: each session is part of JAX's cache key.
 _JIT_CACHE_CONTEXT = jax.make_user_context(default_value=None)
+_SESSION_TOKENS = itertools.count()
 _install_lock = threading.Lock()
 _installed = False
 _originals: dict[str, Any] = {}
@@ -63,6 +65,7 @@ class TraceSession:
                              f"got {closed_over!r}")
         self.closed_over = closed_over
         self.max_forward_size = int(max_forward_size)
+        self.cache_token = next(_SESSION_TOKENS)
         self.cache: dict[Any, Any] = {}
         self.in_progress: dict[Any, _Pending] = {}  # rules being traced, by cache key
         self.linear_depth = 0  # linear_call transposes being traced
@@ -1344,7 +1347,7 @@ def _resumed(s: TraceSession):
     prev = current()
     _local.session = s
     try:
-        with _JIT_CACHE_CONTEXT(("jaxpr_cc", s.closed_over, s.max_forward_size)):
+        with _JIT_CACHE_CONTEXT(("jaxpr_cc", s.cache_token)):
             yield s
     finally:
         _local.session = prev
