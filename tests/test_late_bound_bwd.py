@@ -147,3 +147,128 @@ def test_a_body_jax_cached_in_one_program_is_not_another_programs(kind):
     for value in (2.0, 3.0):
         want = jax.grad(program(value))(x)
         np.testing.assert_allclose(jax.grad(jaxpr_cc.trace(program(value), x))(x), want)
+
+
+# Adversary, stop 33 (second round): the late bwd where it reaches through other
+# rules, recursion, a large state, a bwd that raised at the call, and the rule
+# cache through a custom function's rules.  References: ``jax.grad`` of each.
+LATE = [1.0]
+BIG_TABLE = [float(i) for i in range(5000)]  # past the fingerprint's walk limit
+
+
+@jax.custom_vjp
+def _inner(a):
+    return a * 2.0
+
+
+_inner.defvjp(lambda a: (_inner(a), None), lambda r, g: (g * LATE[0],))
+
+
+@jax.custom_vjp
+def _outer(a):
+    return a * 3.0
+
+
+_outer.defvjp(lambda a: (_outer(a), a), lambda r, g: (jax.grad(_inner)(r) * g,))
+
+
+@jax.custom_vjp
+def _big(a):
+    return a * BIG_TABLE[1]
+
+
+_big.defvjp(lambda a: (_big(a), None), lambda r, g: (g * LATE[0] * BIG_TABLE[1],))
+
+
+def _bwd_ready(r, g):
+    if LATE[0] < 3.0:
+        raise RuntimeError("bwd used before the program finished setting up")
+    return (g * LATE[0],)
+
+
+@jax.custom_vjp
+def _guarded(a):
+    return a * 2.0
+
+
+_guarded.defvjp(lambda a: (_guarded(a), None), _bwd_ready)
+
+
+@jax.custom_jvp
+def _tangent_reads_late(a):
+    return a * 2.0
+
+
+_tangent_reads_late.defjvp(lambda p, t: (_tangent_reads_late(p[0]), t[0] * LATE[0]))
+
+
+@jax.custom_vjp
+def _through_custom_jvp(a):
+    return jax.grad(_tangent_reads_late)(a) * a
+
+
+_through_custom_jvp.defvjp(lambda a: (_through_custom_jvp(a), None),
+                           lambda r, g: (jax.grad(_tangent_reads_late)(1.0) * g,))
+
+
+def _late_program(call, times=(1,)):
+    def program(x):
+        LATE[0] = 2.0
+        y = call(x)
+        LATE[0] = 5.0  # rebound after the call: JAX's bwds read 5
+        return y
+    return program
+
+
+def _called_twice(x):
+    LATE[0] = 2.0
+    y = _through_custom_jvp(x)
+    LATE[0] = 5.0
+    return y + _through_custom_jvp(x)
+
+
+@pytest.mark.parametrize("name, program, order", [
+    ("a bwd taking the grad of another rule", _late_program(_outer), 1),
+    ("a state too large to fingerprint", _late_program(_big), 1),
+    ("a bwd that raised at the call", _late_program(_guarded), 1),
+    ("second order through the fwd's recursive call", _late_program(lambda x: _inner(x) * x), 2),
+    ("reuse through a custom_jvp's rule", _called_twice, 1),
+])
+def test_the_late_bwd_everywhere_jax_reads_it(name, program, order):
+    x = np.float32(1.5)
+
+    def derivative(f):
+        for _ in range(order):
+            f = jax.grad(f)
+        return f
+    want = derivative(program)(x)
+    ours = jaxpr_cc.trace(program, x)
+    np.testing.assert_allclose(ours(x), program(x))
+    np.testing.assert_allclose(derivative(ours)(x), want)
+
+
+def test_an_emitted_recursive_rule_with_a_late_bwd(tmp_path):
+    """A fwd calling its own function and a late bwd: the emitted module returned
+    residual names of another function (NameError)."""
+    import importlib.util
+
+    @jax.custom_vjp
+    def f(a, c):
+        return a * c
+
+    f.defvjp(lambda a, c: (f(a, c), (a, c)),
+             lambda r, g: (g * r[1] * LATE[0], g * r[0] * LATE[0]))
+
+    def program(x, c):
+        LATE[0] = 2.0
+        y = f(x, c)
+        LATE[0] = 5.0
+        return y
+
+    args = (np.float32(1.5), np.float32(3.0))
+    want = jax.grad(program, (0, 1))(*args)
+    jaxpr_cc.write_python(jaxpr_cc.trace(program, *args), tmp_path / "late_rec.py")
+    spec = importlib.util.spec_from_file_location("late_rec", tmp_path / "late_rec.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    np.testing.assert_allclose(jax.grad(module.program, (0, 1))(*args), want)

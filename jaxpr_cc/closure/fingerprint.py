@@ -173,7 +173,12 @@ class Fingerprinter:
             # A library's wrapper (``jax.jit``): fixed at creation, so its identity
             # and what it wraps.
             inner = self(obj.__wrapped__)
-            out = ("wrapper", self._opaque(obj), inner)
+            # What the wrapper holds besides (a custom_vjp's fwd and bwd, a
+            # custom_jvp's jvp: rules it runs).
+            attrs = getattr(obj, "__dict__", None)
+            held = self({k: v for k, v in attrs.items() if k != "__wrapped__"}) \
+                if isinstance(attrs, dict) else None
+            out = ("wrapper", self._opaque(obj), inner, held)
             if isinstance(obj.__wrapped__, types.FunctionType) and \
                     _LIBRARY_CALLABLES.get(id(obj.__wrapped__), (None,))[0] is obj.__wrapped__:
                 _library_callable(obj, out)

@@ -225,6 +225,16 @@ class VJPRule:
     def replace(self, **kw) -> "VJPRule":
         return dataclasses.replace(self, **kw)
 
+    def take_late_bwd(self, bwd) -> None:
+        """Make ``bwd`` (traced when the program returned, as JAX traces a bwd when
+        it differentiates) this rule's bwd for every pattern.  In place: the rule
+        is shared by identity -- calls that reused it, and calls of the custom
+        function from inside its own rules (recursion) -- and all of them run
+        their bwd late in JAX."""
+        for name, value in (("bwd", bwd), ("fwd_variants", ()), ("bwd_variants", ()),
+                            ("pattern_rules", None)):
+            object.__setattr__(self, name, value)
+
 
 @dataclass(frozen=True, eq=False)
 class JVPRule:
@@ -672,9 +682,7 @@ def build_custom_vjp(rule: VJPRule):
                     family or rule.pattern_rules.main)
                 rule_bwd = rule.pattern_rules.get(("bwd", in_pattern, ct_pattern), const_avals)
             if rule_bwd is None:
-                # (The main bwd as the rule now has it: the session traces it
-                # again when the program returns if what it reads changed since.)
-                rule_bwd = bwd_by_pattern[(family, full)] if family else bwd._jaxpr_cc_rule.bwd
+                rule_bwd = bwd_by_pattern[(family, full)] if family else rule.bwd
             got = run(rule_bwd, *saved_consts, *saved_res, *dense_cts)
             # A cotangent the user's bwd returned as None or SymbolicZero goes back
             # to JAX as a symbolic zero (None), as from the user's own rule.

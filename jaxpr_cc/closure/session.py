@@ -375,14 +375,14 @@ class TraceSession:
                             pattern_rules_for(t, consts) if made_by else None)
             g = build_custom_vjp(rule)
             fwd = getattr(t, "fwd_traced", None)
-            if fwd is not None and not t.raised and key is not None:
+            if fwd is not None:
+                # (A state too large to fingerprint, None, is traced again whatever.)
                 state = functools.partial(_readable_state, "bwd", cvjp, static, in_tree)
                 seen = fingerprint(state(), self.keepalive)
-                if seen is not None:
-                    retrace = functools.partial(
-                        self._trace_vjp_bwd, cvjp, static, in_tree, avals, out_tree,
-                        out_avals, fwd[0], fwd[2], fwd[3], perturbed)
-                    self.late_bwds.append(_LateBwd(g, consts, state, seen, retrace, cvjp))
+                retrace = functools.partial(
+                    self._trace_vjp_bwd, cvjp, static, in_tree, avals, out_tree,
+                    out_avals, fwd[0], fwd[2], fwd[3], perturbed)
+                self.late_bwds.append(_LateBwd(g, consts, state, seen, retrace, cvjp))
             return rule, consts, out_tree, g
 
         pending.provisional = provisional
@@ -398,7 +398,7 @@ class TraceSession:
         the call did not give it refuses to run, in one line: JAX reads a value
         computed after the call, which a first-order rule cannot take."""
         for late in self.late_bwds:
-            if fingerprint(late.state(), self.keepalive) == late.seen:
+            if late.seen is not None and fingerprint(late.state(), self.keepalive) == late.seen:
                 continue
             rule = late.g.bwd._jaxpr_cc_rule
             bwd, zeros, message = None, (), None
@@ -421,8 +421,7 @@ class TraceSession:
                 b_jaxpr, b_consts = _refusing_bwd(res_avals, list(call.in_avals[rule.num_consts:]),
                                                   list(call.out_avals), message)
                 bwd, zeros = _close(_with_consts(b_jaxpr, b_consts, late.consts)), ()
-            late.g.bwd._jaxpr_cc_rule = rule.replace(
-                bwd=marked(bwd, zeros), fwd_variants=(), bwd_variants=(), pattern_rules=None)
+            rule.take_late_bwd(marked(bwd, zeros))
         self.late_bwds.clear()
 
     def _unchanged_since_call(self, kind, custom, static, key):
