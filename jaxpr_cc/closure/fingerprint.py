@@ -172,17 +172,17 @@ class Fingerprinter:
         if _in_library(type(obj)) and callable(obj) and hasattr(obj, "__wrapped__"):
             # A library's wrapper (``jax.jit``): fixed at creation, so its identity
             # and what it wraps.
-            inner = self(obj.__wrapped__)
-            # What the wrapper holds besides (a custom_vjp's fwd and bwd, a
-            # custom_jvp's jvp: rules it runs).
+            wrapped = obj.__wrapped__
+            inner = self(wrapped)
+            if _LIBRARY_CALLABLES.get(id(wrapped), (None,))[0] is wrapped:
+                # A library's wrapper of a library function (``jnp.tanh``).
+                return _library_callable(obj, ("wrapper", self._opaque(obj), inner))
+            # A wrapper of the program's function: what it holds besides (a
+            # custom_vjp's fwd and bwd, a custom_jvp's jvp: rules it runs).
             attrs = getattr(obj, "__dict__", None)
             held = self({k: v for k, v in attrs.items() if k != "__wrapped__"}) \
                 if isinstance(attrs, dict) else None
-            out = ("wrapper", self._opaque(obj), inner, held)
-            if isinstance(obj.__wrapped__, types.FunctionType) and \
-                    _LIBRARY_CALLABLES.get(id(obj.__wrapped__), (None,))[0] is obj.__wrapped__:
-                _library_callable(obj, out)
-            return out
+            return ("wrapper", self._opaque(obj), inner, held)
         attrs = getattr(obj, "__dict__", None)
         slots = tuple(n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())
                       if isinstance(n, str) and hasattr(obj, n))
