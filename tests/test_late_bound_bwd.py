@@ -16,16 +16,25 @@ import pytest
 import jaxpr_cc
 
 
-def _loop_variable(x):
-    out = 0.0
-    for i in range(3):
-        @jax.custom_vjp
-        def f(a):
-            return a * i
+def _loop_variable_program(apply):
+    """A custom_vjp defined in a loop whose bwd reads the loop variable, each
+    applied to ``x`` by ``apply(f, x)``."""
+    def program(x):
+        out = 0.0
+        for i in range(3):
+            @jax.custom_vjp
+            def f(a):
+                return a * i
 
-        f.defvjp(lambda a: (f(a), None), lambda r, g: (g * i,))
-        out = out + f(x)
-    return out
+            f.defvjp(lambda a: (f(a), None), lambda r, g: (g * i,))
+            out = out + apply(f, x)
+        return out
+    return program
+
+
+_loop_variable = _loop_variable_program(lambda f, x: f(x))
+_loop_variable_under_vmap = _loop_variable_program(
+    lambda f, x: jax.vmap(f)(jnp.stack([x, x])).sum())
 
 
 def _global_rebound(x):
@@ -45,18 +54,6 @@ def _scaled(a):
 
 
 _scaled.defvjp(lambda a: (a * SCALE, None), lambda r, g: (g * SCALE,))
-
-
-def _loop_variable_under_vmap(x):
-    out = 0.0
-    for i in range(3):
-        @jax.custom_vjp
-        def f(a):
-            return a * i
-
-        f.defvjp(lambda a: (f(a), None), lambda r, g: (g * i,))
-        out = out + jax.vmap(f)(jnp.stack([x, x])).sum()
-    return out
 
 
 @pytest.mark.parametrize("program", [_loop_variable, _global_rebound, _loop_variable_under_vmap])
@@ -105,7 +102,7 @@ def test_the_late_bwd_is_what_is_saved_and_emitted(tmp_path):
     spec = importlib.util.spec_from_file_location("emitted_late", tmp_path / "emitted.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    np.testing.assert_allclose(jax.grad(module._loop_variable)(x), want)
+    np.testing.assert_allclose(jax.grad(module.program)(x), want)
 
 
 STATE = [1.0]
