@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.custom_derivatives import SymbolicZero
 
 import jaxpr_cc
 
@@ -269,3 +270,54 @@ def test_an_emitted_recursive_rule_with_a_late_bwd(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     np.testing.assert_allclose(jax.grad(module.program, (0, 1))(*args), want)
+
+
+@jax.custom_vjp
+def _two_outputs(a):
+    return a * 2.0, jnp.log(a)
+
+
+def _two_outputs_bwd(a, cts):
+    g1, g2 = cts
+    out = g1 * LATE[0]
+    # A rule may differ for a symbolic zero (and stay linear).
+    return (out + g1 * 1000.0 if isinstance(g2, SymbolicZero) else out + g2 * 100.0,)
+
+
+_two_outputs.defvjp(lambda a: (_two_outputs(a.value), a.value), _two_outputs_bwd,
+                    symbolic_zeros=True)
+
+
+@jax.custom_vjp
+def _perturbed_flag(a, c):
+    return a * c
+
+
+_perturbed_flag.defvjp(
+    lambda a, c: (_perturbed_flag(a.value, c.value), (c.value, 1.0 if c.perturbed else 0.0)),
+    lambda res, g: (g * res[0] * LATE[0] + 1000.0 * res[1] * g, g * LATE[0]),
+    symbolic_zeros=True)
+
+
+def test_a_symbolic_zeros_rule_keeps_its_patterns_when_its_bwd_is_late():
+    """The late bwd of a symbolic-zeros rule is traced for each pattern it had:
+    the dropped output's SymbolicZero cotangent, and the fwd of "c not perturbed"
+    (without them the main rule ran: 5 for 1005, 1015 for 15; adversary, stop 33).
+    References: ``jax.grad``."""
+    def drops_second(x):
+        LATE[0] = 2.0
+        y, _ = _two_outputs(x)
+        LATE[0] = 5.0
+        return y
+
+    def with_data(x, c):
+        LATE[0] = 2.0
+        y = _perturbed_flag(x, c)
+        LATE[0] = 5.0
+        return y
+
+    x, c = np.float32(1.5), np.float32(3.0)
+    np.testing.assert_allclose(jax.grad(jaxpr_cc.trace(drops_second, x))(x),
+                               jax.grad(drops_second)(x))
+    np.testing.assert_allclose(jax.grad(jaxpr_cc.trace(with_data, x, c))(x, c),
+                               jax.grad(with_data)(x, c))

@@ -225,14 +225,16 @@ class VJPRule:
     def replace(self, **kw) -> "VJPRule":
         return dataclasses.replace(self, **kw)
 
-    def take_late_bwd(self, bwd) -> None:
-        """Make ``bwd`` (traced when the program returned, as JAX traces a bwd when
-        it differentiates) this rule's bwd for every pattern.  In place: the rule
-        is shared by identity -- calls that reused it, and calls of the custom
-        function from inside its own rules (recursion) -- and all of them run
-        their bwd late in JAX."""
-        for name, value in (("bwd", bwd), ("fwd_variants", ()), ("bwd_variants", ()),
-                            ("pattern_rules", None)):
+    def take_late_bwd(self, bwd, bwd_variants: tuple | None = None) -> None:
+        """Make ``bwd`` and ``bwd_variants`` (traced when the program returned, as
+        JAX traces a bwd when it differentiates) this rule's bwds; without
+        variants, ``bwd`` (and the main fwd) serve every pattern.  In place: the
+        rule is shared by identity -- calls that reused it, and calls of the
+        custom function from inside its own rules (recursion) -- and all of them
+        run their bwd late in JAX."""
+        fwd_variants = self.fwd_variants if bwd_variants is not None else ()
+        for name, value in (("bwd", bwd), ("fwd_variants", fwd_variants),
+                            ("bwd_variants", bwd_variants or ()), ("pattern_rules", None)):
             object.__setattr__(self, name, value)
 
 
@@ -616,7 +618,6 @@ def build_custom_vjp(rule: VJPRule):
     primal.__name__ = primal.__qualname__ = info.name
     g = jax.custom_vjp(primal)
     fwd_by_pattern = {pattern: (f, n) for pattern, f, n in rule.fwd_variants}
-    bwd_by_pattern = {(family, ct): b for family, ct, b in rule.bwd_variants}
 
     # Which fwd ran, and what bwd needs to know about it, travels in the residuals'
     # values, not in their pytree structure: JAX stages a custom_vjp equation once
@@ -675,6 +676,8 @@ def build_custom_vjp(rule: VJPRule):
         if args_hot:  # as in JAX, the user's bwd runs only for perturbed arguments
             full = (True,) * len(dense_cts)
             made_for = family[1] if family[:1] == ("made",) else None
+            # (Read from the rule now: a bwd traced late replaces its variants.)
+            bwd_by_pattern = {(fam, ct): b for fam, ct, b in rule.bwd_variants}
             rule_bwd = None if made_for is not None else bwd_by_pattern.get((family, ct_pattern))
             if rule_bwd is None and rule.pattern_rules is not None and (
                     made_for is not None or ct_pattern != full):

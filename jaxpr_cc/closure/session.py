@@ -379,10 +379,20 @@ class TraceSession:
                 # (A state too large to fingerprint, None, is traced again whatever.)
                 state = functools.partial(_readable_state, "bwd", cvjp, static, in_tree)
                 seen = fingerprint(state(), self.keepalive)
-                retrace = functools.partial(
-                    self._trace_vjp_bwd, cvjp, static, in_tree, avals, out_tree,
-                    out_avals, fwd[0], fwd[2], fwd[3], perturbed)
-                self.late_bwds.append(_LateBwd(g, consts, state, seen, retrace, cvjp))
+                inexact = [i for i, a in enumerate(avals) if is_inexact(a)]
+                fwd_of = {(): fwd, **{p: getattr(v, "fwd_traced", None)
+                                      for p, v in t.fwd_variants}}
+
+                def retrace_for(family, ct_pattern=None):
+                    f = fwd_of.get(family)
+                    flags = perturbed if family == () else _flags(inexact, len(avals), family)
+                    return None if f is None else functools.partial(
+                        self._trace_vjp_bwd, cvjp, static, in_tree, avals, out_tree,
+                        out_avals, f[0], f[2], f[3], flags, ct_pattern)
+                variants = tuple((family, ct, retrace_for(family, ct))
+                                 for family, ct, _ in t.bwd_variants)
+                self.late_bwds.append(_LateBwd(g, consts, state, seen, retrace_for(()),
+                                               cvjp, variants))
             return rule, consts, out_tree, g
 
         pending.provisional = provisional
@@ -410,19 +420,33 @@ class TraceSession:
             except Exception as e:  # noqa: BLE001 -- JAX raises it when it runs bwd
                 message = _rule_error("vjp", late.custom.bwd, e)
             if bwd is None:
-                message = message or (
+                bwd, zeros = late.refusing(message or (
                     f"custom_vjp rule '{naming.name_of(late.custom.bwd)}' "
                     f"({naming.source_of(late.custom.bwd)}) reads a value the program rebound "
                     f"after the call to a traced value; JAX's bwd reads the rebound value when "
                     f"it runs, which a first-order rule cannot take: pass that value to the "
-                    f"custom function as an argument")
-                call = body(rule.call)
-                res_avals = [v.aval for v in body(rule.fwd).jaxpr.outvars[len(call.out_avals):]]
-                b_jaxpr, b_consts = _refusing_bwd(res_avals, list(call.in_avals[rule.num_consts:]),
-                                                  list(call.out_avals), message)
-                bwd, zeros = _close(_with_consts(b_jaxpr, b_consts, late.consts)), ()
-            rule.take_late_bwd(marked(bwd, zeros))
+                    f"custom function as an argument")), ()
+            rule.take_late_bwd(marked(bwd, zeros), self._late_variants(late))
         self.late_bwds.clear()
+
+    def _late_variants(self, late: "_LateBwd") -> tuple | None:
+        """The rule's per-pattern bwds traced again as its main one is, or None when
+        one cannot be (the main fwd and bwd then serve every pattern)."""
+        out = []
+        for family, ct_pattern, retrace in late.variants:
+            if retrace is None:
+                return None
+            try:
+                b_jaxpr, b_consts, zeros = retrace()
+                made = _late_bwd_body(b_jaxpr, b_consts, late.consts)
+            except ClosureConversionError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- raises as in JAX, when JAX runs it
+                made, zeros = late.refusing(_rule_error("vjp", late.custom.bwd, e), family), ()
+            if made is None:
+                return None
+            out.append((family, ct_pattern, marked(made, zeros)))
+        return tuple(out)
 
     def _unchanged_since_call(self, kind, custom, static, key):
         """``() -> bool``: can the user's rules still be traced as they were at this
@@ -835,6 +859,19 @@ class _LateBwd:
     seen: Any           # its fingerprint at the call
     retrace: Any        # () -> (jaxpr, consts, zeros) of bwd, traced now
     custom: Any         # the user's custom_vjp
+    variants: tuple = ()  # (family, cotangent pattern, retrace or None) per bwd variant
+
+    def refusing(self, message: str, family: tuple = ()):
+        """A bwd for the residuals of the rule's fwd for ``family`` (its main fwd
+        for ``()``) whose cotangents raise ``message``."""
+        rule = self.g.bwd._jaxpr_cc_rule
+        call = body(rule.call)
+        fwd = next((f for pattern, f, _ in rule.fwd_variants if pattern == family), rule.fwd) \
+            if family else rule.fwd
+        res_avals = [v.aval for v in body(fwd).jaxpr.outvars[len(call.out_avals):]]
+        b_jaxpr, b_consts = _refusing_bwd(res_avals, list(call.in_avals[rule.num_consts:]),
+                                          list(call.out_avals), message)
+        return _close(_with_consts(b_jaxpr, b_consts, self.consts))
 
 
 def _late_bwd_body(jaxpr, consts: list, rule_consts: list):
