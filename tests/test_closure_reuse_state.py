@@ -214,3 +214,39 @@ def test_a_call_under_another_jax_configuration_is_traced_again():
     assert want == [4.5, 8.5]
     for ours in (jaxpr_cc.trace(f, x), jaxpr_cc.jit(f)):
         assert [float(v) for v in ours(x)] == want
+
+
+def test_a_library_wrapper_of_the_programs_function_is_walked():
+    """``jax.named_call(g)`` is a library function whose ``__wrapped__`` is the
+    program's ``g``: what ``g`` reads (a global changed between two calls) is
+    part of the rule's state (adversary, stop 33: the second call reused the
+    first's rule).  Reference: JAX's value."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxpr_cc
+
+    state = {"t": 1.0}
+
+    def reads_state(a):
+        return a * state["t"]
+
+    named = jax.named_call(reads_state, name="reads_state")
+
+    @jax.custom_vjp
+    def outer(a):
+        return named(a) + a
+
+    outer.defvjp(lambda a: (outer(a), None), lambda r, g: (g,))
+
+    def program(x):
+        state["t"] = 2.0
+        y = outer(x)
+        state["t"] = 5.0
+        return y + outer(x)
+
+    x = np.float32(1.5)
+    want = program(x)
+    np.testing.assert_allclose(jaxpr_cc.trace(program, x)(x), want)
+    np.testing.assert_allclose(float(want), 1.5 * 2 + 1.5 + 1.5 * 5 + 1.5)

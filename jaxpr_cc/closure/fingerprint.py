@@ -258,7 +258,15 @@ class Fingerprinter:
         self.keepalive.append(fn)
         code = fn.__code__
         if _is_library_file(code.co_filename):
-            return _library_callable(fn, ("function", id(fn)))
+            wrapped = vars(fn).get("__wrapped__")
+            if wrapped is None:
+                return _library_callable(fn, ("function", id(fn)))
+            # A library's wrapper function (``jax.named_call``) runs the function
+            # it wraps, which may be the program's.
+            out = ("function", id(fn), self(wrapped))
+            if _LIBRARY_CALLABLES.get(id(wrapped), (None,))[0] is wrapped:
+                return _library_callable(fn, out)  # it wraps a library function
+            return out
         code_names, sorted_names, sorted_imports = _code_names(code)
         self.names |= code_names
         cells = tuple(self(_cell_contents(c)) for c in (fn.__closure__ or ()))
