@@ -124,6 +124,16 @@ def _flag_rule(bwd):
     return f
 
 
+def _sine_with_adjoint(adjoint):
+    """``sin`` whose bwd is ``adjoint(cos(x) * g)``: a loop in ``u = c g``."""
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, g: (adjoint(c * g),))
+    return f
+
+
 def _cap_in_the_flag(r, g):
     # flag = converging & under the cap, computed in the body (adversary, stop 32)
     def body(c):
@@ -213,20 +223,14 @@ def test_a_gap_that_starts_at_a_zero_product_never_runs_the_loop():
     (adversary, stop 33).  Reference: ``jax.jacrev`` (JAX runs the user's bwd)."""
     b = jnp.array([[0.2, 0.1, 0.0], [0.0, 0.1, 0.4], [0.1, 0.0, 0.2]])
 
-    @jax.custom_vjp
-    def f(x):
-        return jnp.sin(x)
-
-    def bwd(c, g):
-        u = c * g
-
+    def adjoint(u):
         def body(s):
             v, _ = s
             new = b @ v + u
             return new, jnp.max(jnp.abs(new - v))
-        return (lax.while_loop(lambda s: s[1] > 1e-12, body, (u, 0.0 * jnp.sum(u)))[0],)
+        return lax.while_loop(lambda s: s[1] > 1e-12, body, (u, 0.0 * jnp.sum(u)))[0]
 
-    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), bwd)
+    f = _sine_with_adjoint(adjoint)
     with jax.enable_x64(True):
         x = jnp.asarray(X[:3])
         want = np.asarray(jax.jacrev(f)(x))
@@ -276,20 +280,14 @@ def test_a_carried_change_relative_to_the_iterate():
     b = jnp.array([[0.2, 0.1, 0.0, 0.3], [0.0, 0.1, 0.4, 0.0],
                    [0.1, 0.0, 0.2, 0.1], [0.3, 0.2, 0.0, 0.1]])
 
-    @jax.custom_vjp
-    def f(x):
-        return jnp.sin(x)
-
-    def bwd(c, g):
-        u = c * g
-
+    def adjoint(u):
         def body(s):
             v, _ = s
             new = b @ v + u
             return new, jnp.linalg.norm(new - v) / jnp.linalg.norm(new)
-        return (lax.while_loop(lambda s: s[1] > 1e-13, body, (u, jnp.inf))[0],)
+        return lax.while_loop(lambda s: s[1] > 1e-13, body, (u, jnp.inf))[0]
 
-    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), bwd)
+    f = _sine_with_adjoint(adjoint)
     with jax.enable_x64(True):
         x = jnp.asarray(X)
         want = jax.jacrev(f)(x)

@@ -27,20 +27,29 @@ def _dense(t, x):
     return jnp.zeros_like(x) if isinstance(t, SymbolicZero) else t
 
 
-def _jvp_program(w, xs):
-    def per(w, xi):
-        @jax.custom_jvp
-        def f(a, b):
-            return jnp.sin(a * xi) * b
+def _vmapped_jvp_program(b_moved_factor: float):
+    """``sum(vmap(f)(w, xs))`` for a symbolic-zeros custom_jvp ``f(a, b) =
+    sin(a xi) b`` closing over the batched ``xi``, whose tangent is multiplied by
+    ``b_moved_factor`` when ``b``'s tangent is not a symbolic zero."""
+    def program(w, xs):
+        def per(w, xi):
+            @jax.custom_jvp
+            def f(a, b):
+                return jnp.sin(a * xi) * b
 
-        def f_jvp(p, t):
-            (a, b), (ta, tb) = p, t
-            ta, tb = _dense(ta, a), _dense(tb, b)
-            return f(a, b), jnp.cos(a * xi) * xi * b * ta + jnp.sin(a * xi) * tb
+            def f_jvp(p, t):
+                (a, b), (ta, tb) = p, t
+                k = 1.0 if isinstance(tb, SymbolicZero) else b_moved_factor
+                ta, tb = _dense(ta, a), _dense(tb, b)
+                return f(a, b), (jnp.cos(a * xi) * xi * b * ta + jnp.sin(a * xi) * tb) * k
 
-        f.defjvp(f_jvp, symbolic_zeros=True)
-        return f(w, xi)
-    return jnp.sum(jax.vmap(per, (None, 0))(w, xs))
+            f.defjvp(f_jvp, symbolic_zeros=True)
+            return f(w, xi)
+        return jnp.sum(jax.vmap(per, (None, 0))(w, xs))
+    return program
+
+
+_jvp_program = _vmapped_jvp_program(1.0)
 
 
 def _vjp_program(w, xs):
@@ -110,22 +119,8 @@ def _pattern_dependent_vjp(w, xs):
     return jnp.sum(jax.vmap(per, (None, 0))(w, xs))
 
 
-def _pattern_dependent_jvp(w, xs):
-    """The jvp doubles when ``b``'s tangent is not a symbolic zero."""
-    def per(w, xi):
-        @jax.custom_jvp
-        def f(a, b):
-            return jnp.sin(a * xi) * b
-
-        def f_jvp(p, t):
-            (a, b), (ta, tb) = p, t
-            k = 1.0 if isinstance(tb, SymbolicZero) else 2.0
-            ta, tb = _dense(ta, a), _dense(tb, b)
-            return f(a, b), (jnp.cos(a * xi) * xi * b * ta + jnp.sin(a * xi) * tb) * k
-
-        f.defjvp(f_jvp, symbolic_zeros=True)
-        return f(w, xi)
-    return jnp.sum(jax.vmap(per, (None, 0))(w, xs))
+# The jvp doubles when ``b``'s tangent is not a symbolic zero.
+_pattern_dependent_jvp = _vmapped_jvp_program(2.0)
 
 
 @pytest.mark.parametrize("program", [_pattern_dependent_vjp, _pattern_dependent_jvp],
