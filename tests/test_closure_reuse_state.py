@@ -250,3 +250,118 @@ def test_a_library_wrapper_of_the_programs_function_is_walked():
     want = program(x)
     np.testing.assert_allclose(jaxpr_cc.trace(program, x)(x), want)
     np.testing.assert_allclose(float(want), 1.5 * 2 + 1.5 + 1.5 * 5 + 1.5)
+
+
+def _custom_gradient_reading(state):
+    @jax.custom_gradient
+    def scaled(a):
+        return a * state["t"], lambda g: g
+    return scaled
+
+
+def _eqx_filter_custom_jvp_reading(state):
+    import equinox as eqx
+
+    @eqx.filter_custom_jvp
+    def scaled(a):
+        return a * state["t"]
+
+    @scaled.def_jvp
+    def _scaled_jvp(primals, tangents):
+        return scaled(*primals), tangents[0]
+    return scaled
+
+
+LIBRARY_CLOSURES = {"jax.custom_gradient": _custom_gradient_reading,
+                    "equinox.filter_custom_jvp": _eqx_filter_custom_jvp_reading}
+
+
+@pytest.mark.parametrize("make", list(LIBRARY_CLOSURES.values()), ids=list(LIBRARY_CLOSURES))
+def test_a_library_closure_over_the_programs_function_is_walked(make):
+    """``jax.custom_gradient`` and equinox's ``filter_custom_jvp`` hand JAX a
+    library closure whose cells hold the program's function: what that reads
+    (a global changed between two calls) is the rule's state (adversary, stop 33:
+    the second call reused the first's rule, 9.0).  Reference: JAX's value."""
+    state = {"t": 1.0}
+    scaled = make(state)
+
+    @jax.custom_vjp
+    def outer(a):
+        return scaled(a) * a
+
+    outer.defvjp(lambda a: (outer(a), a), lambda r, g: (g * r,))
+
+    def program(x):
+        state["t"] = 2.0
+        y = outer(x)
+        state["t"] = 5.0
+        return y + outer(x)
+
+    x = np.float32(1.5)
+    want = program(x)
+    np.testing.assert_allclose(float(want), 1.5 * 2 * 1.5 + 1.5 * 5 * 1.5)
+    for ours in (jaxpr_cc.trace(program, x), jaxpr_cc.jit(program)):
+        np.testing.assert_allclose(ours(x), want)
+
+
+def test_an_equinox_jvp_rule_reading_a_changed_global_is_traced_again():
+    """equinox's ``filter_custom_jvp`` called twice, its jvp reading a global
+    changed in between: JAX runs each call's jvp with the value at that call
+    (grad 2 + 5; the reused rule gave 4)."""
+    import equinox as eqx
+
+    state = {"u": 1.0}
+
+    @eqx.filter_custom_jvp
+    def doubled(a):
+        return a * 2.0
+
+    @doubled.def_jvp
+    def _doubled_jvp(primals, tangents):
+        (a,), (ta,) = primals, tangents
+        return doubled(a), ta * state["u"]
+
+    def program(x):
+        state["u"] = 2.0
+        y = doubled(x)
+        state["u"] = 5.0
+        return y + doubled(x)
+
+    x = np.float32(1.5)
+    want = jax.grad(program)(x)
+    assert float(want) == 7.0
+    assert float(jax.grad(jaxpr_cc.trace(program, x))(x)) == 7.0
+    assert float(jax.grad(jaxpr_cc.jit(program))(x)) == 7.0
+
+
+def test_an_equinox_bwd_reading_a_global_rebound_after_the_call_sees_the_late_value():
+    """equinox's ``filter_custom_vjp`` bwd is a library closure over the
+    program's bwd; JAX traces it when it differentiates, after the global was
+    rebound: g * a * 5 (the value at the call gave 6)."""
+    import equinox as eqx
+
+    state = {"u": 1.0}
+
+    @eqx.filter_custom_vjp
+    def product(vjp_arg, a):
+        return vjp_arg * a
+
+    @product.def_fwd
+    def _product_fwd(perturbed, vjp_arg, a):
+        return product(vjp_arg, a), None
+
+    @product.def_bwd
+    def _product_bwd(res, g, perturbed, vjp_arg, a):
+        return g * a * state["u"]
+
+    def program(x):
+        state["u"] = 2.0
+        y = product(x, 3.0)
+        state["u"] = 5.0
+        return y
+
+    x = np.float32(1.5)
+    want = jax.grad(program)(x)
+    assert float(want) == 15.0
+    assert float(jax.grad(jaxpr_cc.trace(program, x))(x)) == 15.0
+    assert float(jax.grad(jaxpr_cc.jit(program))(x)) == 15.0

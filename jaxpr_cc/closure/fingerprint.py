@@ -31,7 +31,11 @@ variable it closes over was rebound).
 
 Functions, classes and modules of installed libraries and the standard library are
 identified by identity and not walked into: their state is not the program's, and
-walking JAX's internals would make the walk too large to be worth it.  Arrays,
+walking JAX's internals would make the walk too large to be worth it.  What a
+library function holds of the program is walked: the function a wrapper wraps
+(``jax.named_call``) and a closure's cells (``jax.custom_gradient``'s primal,
+equinox's ``filter_custom_jvp``/``filter_custom_vjp`` wrappers hold the user's
+functions there); one holding only library callables is found once.  Arrays,
 tracers and other opaque objects are identified by ``id`` (the caller keeps them
 alive so ids are not reused); Python and numpy scalars by type and bits (so ``-0.0``
 differs from ``0.0``, and NaN equals itself); numpy arrays by content, since they
@@ -258,14 +262,20 @@ class Fingerprinter:
         self.keepalive.append(fn)
         code = fn.__code__
         if _is_library_file(code.co_filename):
-            wrapped = vars(fn).get("__wrapped__")
-            if wrapped is None:
-                return _library_callable(fn, ("function", id(fn)))
             # A library's wrapper function (``jax.named_call``) runs the function
-            # it wraps, which may be the program's.
-            out = ("function", id(fn), self(wrapped))
-            if _LIBRARY_CALLABLES.get(id(wrapped), (None,))[0] is wrapped:
-                return _library_callable(fn, out)  # it wraps a library function
+            # it wraps, and a library's closure (``jax.custom_gradient``'s primal,
+            # equinox's ``filter_custom_jvp`` wrappers) the functions its cells
+            # hold: either may be the program's.  One that reaches only library
+            # callables is found once, by identity.
+            wrapped = vars(fn).get("__wrapped__")
+            held = [_cell_contents(c) for c in fn.__closure__ or ()]
+            if wrapped is not None:
+                held.append(wrapped)
+            if not held:
+                return _library_callable(fn, ("function", id(fn)))
+            out = ("function", id(fn), tuple(self(x) for x in held))
+            if all(_LIBRARY_CALLABLES.get(id(x), (None,))[0] is x for x in held):
+                return _library_callable(fn, out)
             return out
         code_names, sorted_names, sorted_imports = _code_names(code)
         self.names |= code_names
