@@ -537,7 +537,13 @@ def _sub_jaxpr(eqn):
     return None
 
 
-def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used=frozenset()):
+def _expand(flags, read) -> list[bool]:
+    """Per-output ``flags`` of the outputs marked ``read``, False for the others."""
+    it = iter(flags)
+    return [next(it) if r else False for r in read]
+
+
+def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used):
     """``(problem, out_linear, out_zero)`` for one equation reading linear values."""
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
@@ -572,8 +578,14 @@ def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used=frozenset()):
     sub = _sub_jaxpr(eqn)
     if sub is not None and len(sub.invars) == len(flags):
         # Calls (jit, remat, custom rules' primals, which partial evaluation
-        # inlines): the problem, if any, is inside.
+        # inlines): the problem, if any, is inside -- in what computes the
+        # results the caller reads (lineax's solve also returns a status code).
+        read = [v in used for v in eqn.outvars]
+        if not all(read):
+            sub, _ = jx.dce_jaxpr(sub, read, instantiate=True)
         problem, outs, out_zero = _scan(sub, flags, zeros, check_outputs=False)
+        if not all(read):
+            outs, out_zero = _expand(outs, read), _expand(out_zero, read)
         return (problem.within(eqn) if problem is not None else None), outs, out_zero
     if not jx.has_transpose_rule(eqn.primitive):
         return (Problem(eqn, f"'{name}' is not a linear operation (it has no transpose rule)"),
@@ -591,8 +603,9 @@ def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used=frozenset()):
                     None, None)
     # An integer or boolean result of a float value rounds or compares it (JAX
     # registers a transpose for convert_element_type whatever the target dtype).
+    # (One nothing reads -- lineax's solve status -- changes nothing.)
     discrete = next((v.aval for v in eqn.outvars
-                     if not jnp.issubdtype(v.aval.dtype, jnp.inexact)), None)
+                     if not jnp.issubdtype(v.aval.dtype, jnp.inexact) and v in used), None)
     if discrete is not None:
         return (Problem(eqn, f"'{name}' to {discrete.str_short()} is not a linear operation "
                              f"(it rounds or compares the linear input)"), None, None)
