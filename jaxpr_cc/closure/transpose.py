@@ -33,6 +33,7 @@ as affine.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Sequence
 
@@ -97,7 +98,10 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
 
         if not lin_examples:
             return []
-        result = list(jax.linear_transpose(forward, *lin_examples)(list(cts)))
+        # Whether each loop to convergence runs at all, read at its start on a
+        # probe of the linear input (see _StartProbe); the transposition uses it.
+        with _StartProbe.reading(_probe_starts(closed.jaxpr, forward, lin_examples)):
+            result = list(jax.linear_transpose(forward, *lin_examples)(list(cts)))
         if affine:
             # A constant was merged into the linear values (see _MERGES); the
             # function is linear only if the constant parts never reach the
@@ -1170,6 +1174,92 @@ def _callee(eqn):
     return None
 
 
+class _StartProbe:
+    """Whether the loops to convergence of a linear map run at all, at the
+    residuals given.  Such a loop returns its start, not the limit of its
+    iteration, when its test is already met there -- a previous iterate that
+    starts equal to the iterate (``flip(flip(g))``, ``g * s`` with ``s == 1`` at
+    run time): the structural check (``_stops_at_its_start``) sees only starts
+    equal by construction.  The map is evaluated once on a fixed pseudo-random
+    linear input, each loop's test read at its start and the loop skipped
+    (``_bind_linear_while``); a loop whose start is computed from another loop's
+    result, or that runs inside a scan body or a branch, or more than once, is
+    not read (its transpose is the limit's, as before).
+
+    ``recording()`` is the probe being evaluated (``preds``: loop equation id ->
+    its test at the start, or None when unread; ``skipped``: ids of values the
+    skipped loops returned, kept alive); ``reading()`` the predicates the
+    transposition uses."""
+
+    _recording: list = []
+    _reading: list = [{}]
+
+    def __init__(self):
+        self.preds: dict = {}
+        self.skipped: dict = {}
+        self.nested = 0
+
+    @classmethod
+    def recording(cls) -> "_StartProbe | None":
+        return cls._recording[-1] if cls._recording else None
+
+    @classmethod
+    def pred_for(cls, eqn):
+        return cls._reading[-1].get(id(eqn))
+
+    @classmethod
+    @contextlib.contextmanager
+    def reading(cls, preds: dict):
+        cls._reading.append(preds)
+        try:
+            yield
+        finally:
+            cls._reading.pop()
+
+    @contextlib.contextmanager
+    def nesting(self):
+        self.nested += 1
+        try:
+            yield
+        finally:
+            self.nested -= 1
+
+    def derived_from_skipped(self, values) -> bool:
+        return any(id(x) in self.skipped for x in values)
+
+    def skip(self, eqn, values, pred) -> None:
+        key = id(eqn)
+        self.preds[key] = None if key in self.preds else pred
+        self.skipped.update((id(x), x) for x in values)
+
+
+def _probe_starts(jaxpr, forward, lin_examples) -> dict:
+    """``{id(loop equation): its test at its start}`` for the loops to
+    convergence ``forward`` (the map, of its linear inputs) runs, read on a
+    fixed pseudo-random linear input (see ``_StartProbe``); ``{}`` when the map
+    holds no loop or the probe fails."""
+    if not _has_while(jaxpr):
+        return {}
+    rng = np.random.default_rng(20261129)
+
+    def sample(example):
+        shape, dtype = example.shape, np.dtype(example.dtype)
+        x = rng.uniform(-1.0, 1.0, size=shape)
+        if jnp.issubdtype(dtype, jnp.complexfloating):
+            x = x + 1j * rng.uniform(-1.0, 1.0, size=shape)
+        return np.asarray(x, dtype)
+
+    probe = _StartProbe()
+    _StartProbe._recording.append(probe)
+    try:
+        forward(*[sample(e) for e in lin_examples])
+    except Exception:  # noqa: BLE001 -- no reading: the loops' transposes are their limits'
+        return {}
+    finally:
+        _StartProbe._recording.pop()
+    return {k: v for k, v in probe.preds.items() if v is not None}
+
+
 def eval_linear(jaxpr, consts, args, linear) -> list:
     """Evaluate ``jaxpr`` (linear in the inputs marked ``linear``) so that JAX can
     transpose it: every while_loop reading the linear input, also inside calls,
@@ -1226,6 +1316,9 @@ def _eval_equations(jaxpr, env: dict, dep: set) -> None:
             else:
                 outs = jx.eval_equation(eqn, invals)
                 out_flags = [any(flags)] * len(outs)
+        probe = _StartProbe.recording()
+        if probe is not None and probe.derived_from_skipped(invals):
+            probe.skipped.update((id(x), x) for x in outs)
         for v, x, flag in zip(eqn.outvars, outs, out_flags):
             env[v] = x
             if flag:
@@ -1233,6 +1326,15 @@ def _eval_equations(jaxpr, env: dict, dep: set) -> None:
 
 
 def _eval_linear_eqn(eqn, invals, flags, used):
+    probe = _StartProbe.recording()
+    if eqn.primitive.name in ("cond", "scan") and probe is not None:
+        # (A loop in a branch or scan body is traced apart: its test is not read.)
+        with probe.nesting():
+            return _eval_linear_eqn_now(eqn, invals, flags, used)
+    return _eval_linear_eqn_now(eqn, invals, flags, used)
+
+
+def _eval_linear_eqn_now(eqn, invals, flags, used):
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     if name == "while":
@@ -1298,6 +1400,18 @@ def _bind_linear_while(eqn, invals, flags, used):
     b_avals = [v.aval for v in body.jaxpr.invars]
     const_avals, carry_avals = b_avals[:bc], b_avals[bc:]
     carry_flags = flags[cc + bc:]
+    probe = _StartProbe.recording()
+    if probe is not None:
+        # The probe of the loops' starts: read this loop's test where it starts,
+        # and go on as if it did not run (see _StartProbe).
+        starts = list(invals[cc + bc:])
+        pred = None
+        if split.converges and not probe.nested and not probe.derived_from_skipped(invals):
+            (ran,) = jx.eval_jaxpr(cond.jaxpr, cond.consts, *invals[:cc], *starts)
+            pred = jnp.any(ran)
+        probe.skip(eqn, starts, pred)
+        return starts, list(carry_lin)
+    probed_run = _StartProbe.pred_for(eqn)
     # Affine carries whose start is a constant (not the linear input): the linear
     # part starts from zero, the constant part from that start.
     const_start = [a and not f for a, f in zip(split.carry_affine, carry_flags)]
@@ -1396,9 +1510,12 @@ def _bind_linear_while(eqn, invals, flags, used):
             limit = _transposed_limit(functools.partial(body_t, nl_consts, list(n_init)),
                                       l_bar, lin_const_avals, n_init,
                                       functools.partial(body_n, nl_consts), cap_ok)
-            if start_reads_lin:
+            if start_reads_lin and probed_run is None:
                 return list(limit)
-            ran = stop_test(cv, list(n_init), zeros_of(lin_carry_avals))
+            # Whether the loop ran: its test at the start, on the probe of the
+            # linear input when the test reads it (_StartProbe).
+            ran = (probed_run if start_reads_lin
+                   else stop_test(cv, list(n_init), zeros_of(lin_carry_avals)))
             # A loop that did not run returns its start: cotangent l_bar for it,
             # none for the loop's constants.
             return [jnp.where(ran, x, y) for x, y in
