@@ -284,9 +284,9 @@ def _on_demand_setting(name: str, value):
 
 def forward_mode_on_demand(make: Callable):
     """Export every ``custom_vjp_call`` as a ``custom_jvp`` whose jvp is
-    ``make(params, in_avals)`` (a ``jax.custom_jvp`` function, or None to keep
-    JAX's custom_vjp semantics), made when JAX first differentiates the call
-    (``rules.build_forward_mode_on_demand``)."""
+    ``make(params, in_avals, consts_perturbed)`` (a ``jax.custom_jvp`` function,
+    or None to keep JAX's custom_vjp semantics), made when JAX first
+    differentiates the call (``rules.build_forward_mode_on_demand``)."""
     return _on_demand_setting("make", make)
 
 
@@ -308,7 +308,8 @@ def export_params(name: str, params: dict, in_avals, from_region: Callable) -> t
     rule = _rule_from_params(name, params, from_region)
     make = getattr(_on_demand, "make", None)
     if name == "custom_vjp_call" and make is not None:
-        g = build_forward_mode_on_demand(rule, lambda: make(params, list(in_avals)))
+        g = build_forward_mode_on_demand(
+            rule, lambda consts_perturbed: make(params, list(in_avals), consts_perturbed))
         name = "custom_jvp_call"
     elif name == "custom_vjp_call":
         g = build_custom_vjp(rule)

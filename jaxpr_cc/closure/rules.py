@@ -715,28 +715,45 @@ def build_custom_vjp(rule: VJPRule):
 
 def build_forward_mode_on_demand(rule: VJPRule, make):
     """A ``jax.custom_jvp`` function of ``(*c, *x)`` computing ``rule``'s primal,
-    whose jvp is that of ``make()`` -- the rule rewritten for forward mode
-    (vjp-to-jvp), a ``jax.custom_jvp`` function of the same operands -- made when
-    JAX first differentiates it: a call JAX never differentiates never builds it
-    (for a diffrax adjoint, a vmapped jvp of the whole backward solve).
-    ``make()`` returning None means the rewrite kept the custom_vjp: JAX's own
-    custom_vjp semantics then (reverse mode runs bwd, forward mode raises)."""
+    whose jvp is that of ``make(consts_perturbed)`` -- the rule rewritten for
+    forward mode (vjp-to-jvp), a ``jax.custom_jvp`` function of the same
+    operands -- made when JAX first differentiates it: a call JAX never
+    differentiates never builds it (for a diffrax adjoint, a vmapped jvp of the
+    whole backward solve).  ``make`` returning None means the rewrite kept the
+    custom_vjp: JAX's own custom_vjp semantics then (reverse mode runs bwd,
+    forward mode raises).  It keeps one whose policy refuses derivatives along
+    its closed-over values (too many forward columns) only when JAX perturbs
+    them (``consts_perturbed``): the rewritten rule's reverse mode is the vjp
+    rule's along the arguments."""
     in_avals = list(rule.call.in_avals)
+    nc = rule.num_consts
 
     def primal(*ops):
         return run(rule.call, *ops)
 
     primal.__name__ = primal.__qualname__ = rule.info.name
     g = jax.custom_jvp(primal)
-    made: list = []
+    made: dict = {}
 
     def jvp(primals, tangents):
-        if not made:
-            made.append(make())
-        rewritten = made[0]
+        consts_perturbed = any(type(t) is not SymbolicZero for t in tangents[:nc])
+        if consts_perturbed not in made:
+            made[consts_perturbed] = make(consts_perturbed)
+        rewritten = made[consts_perturbed]
         if rewritten is None:
-            dense = [_dense(t, a.to_tangent_aval()) for t, a in zip(tangents, in_avals)]
-            return jax.jvp(build_custom_vjp(rule), tuple(primals), tuple(dense))
+            # Only the operands JAX perturbs get tangents: a closed-over value it
+            # does not (a constant weight) stays unperturbed for the custom_vjp.
+            hot = [i for i, t in enumerate(tangents) if type(t) is not SymbolicZero]
+            vjp_rule = build_custom_vjp(rule)
+
+            def along_hot(*hot_values):
+                full = list(primals)
+                for i, v in zip(hot, hot_values):
+                    full[i] = v
+                return vjp_rule(*full)
+
+            return jax.jvp(along_hot, tuple(primals[i] for i in hot),
+                           tuple(tangents[i] for i in hot))
         if not rewritten.symbolic_zeros:
             tangents = [_dense(t, a.to_tangent_aval()) for t, a in zip(tangents, in_avals)]
         return rewritten.jvp(tuple(primals), tuple(tangents))

@@ -56,6 +56,7 @@ the user's function name.  A rule that calls itself is one function, rewritten o
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Literal
@@ -698,11 +699,16 @@ def forward_mode_jaxpr(program):
     return closed
 
 
-def _rewritten_rule(params: dict, in_avals: list):
+def _rewritten_rule(params: dict, in_avals: list, consts_perturbed: bool = True):
     """The custom_vjp rule ``params`` as ``with_forward_mode`` rewrites it, as a
-    ``jax.custom_jvp`` function of its operands; None when the rewrite keeps it."""
+    ``jax.custom_jvp`` function of its operands; None when the rewrite keeps it.
+    A rule kept because its policy refuses derivatives along its closed-over
+    values (``_consts_refused_in_reverse``) is rewritten for calls that perturb
+    none of them (``consts_perturbed`` False): that policy then never applies."""
     from ..closure.ir_rules import _rule_from_params
     from ..closure.rules import build_custom_jvp
+    if not consts_perturbed and _consts_refused_in_reverse(params):
+        params = dict(params, max_forward_size=sys.maxsize)
     region = Region()
     ins = [region.add_input(a) for a in in_avals]
     outs = [Value(v.aval) for v in params["call_jaxpr"].outvars]
