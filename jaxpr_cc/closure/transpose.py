@@ -14,7 +14,9 @@ Neumann iteration of an adjoint solve) as the limit of their iteration, by the
 transposed iteration run until it no longer changes at working precision.  A
 loop whose stopping test reads the linear input is accepted only when that
 test is a convergence test (``closure.convergence``): any other test makes the
-trip count, and so the map, depend on the linear input.  Such loops are found
+trip count, and so the map, depend on the linear input.  Whether such a loop
+runs at all is read at its start on a probe of the linear input (``_StartProbe``):
+one that does not returns its start, and transposes as such.  Such loops are found
 inside calls, custom rules' primals, ``cond`` branches and ``scan`` bodies too.
 
 When the jaxpr is not linear in those inputs -- a nonlinear primitive reads them
