@@ -5,11 +5,15 @@ calls, state the primal and the rule read through a path the fingerprint did
 not walk: a function's or a partial's attributes, a C method or view of a dict,
 a weak reference, a module imported inside the function or served by a PEP 562
 ``__getattr__``, a metaclass attribute, a program object with
-``__jax_array__``, static pytree data that compares equal but is not
+``__jax_array__``, a ``ContextVar``, ``globals()[key]`` with a computed key, a
+name set in ``builtins``, attributes of an ndarray or float subclass's
+instance, an object array's objects, a ``WeakValueDictionary``'s values, static pytree data that compares equal but is not
 (``0.0``/``-0.0``, ``1.0``/``1``/``True``), and JAX's configuration
 (``enable_x64``).  jaxpr-cc reused the first call's rules, so even the value was
 wrong.  Reference: JAX itself (eager and ``jax.jit``).
 """
+import builtins
+import contextvars
 import dataclasses
 import functools
 import sys
@@ -136,11 +140,65 @@ def _module_getattr(tmp_path):
     return (lambda: module.dt), lambda k: module._SETTINGS.__setitem__("dt", k)
 
 
+def _context_variable():
+    var = contextvars.ContextVar("jaxpr_cc_test_k", default=1.0)
+    return var.get, var.set
+
+
+def _computed_global_key():
+    key = "_JAXPR_CC_TEST_" + "K"
+    globals()[key] = 1.0
+    return (lambda: globals()[key]), lambda k: globals().__setitem__(key, k)
+
+
+def _builtins_name():
+    builtins.JAXPR_CC_TEST_K = 1.0
+    return (lambda: JAXPR_CC_TEST_K), lambda k: setattr(builtins, "JAXPR_CC_TEST_K", k)  # noqa: F821
+
+
+class _ScaledArray(np.ndarray):
+    pass
+
+
+def _ndarray_subclass_attribute():
+    arr = np.zeros(2).view(_ScaledArray)
+    arr.scale = 1.0
+    return (lambda: arr.scale), lambda k: setattr(arr, "scale", k)
+
+
+class _TaggedFloat(float):
+    pass
+
+
+def _float_subclass_attribute():
+    tagged = _TaggedFloat(0.0)
+    tagged.k = 1.0
+    return (lambda: tagged.k), lambda k: setattr(tagged, "k", k)
+
+
+def _object_array():
+    holder = types.SimpleNamespace(k=1.0)
+    objects = np.array([holder, None], dtype=object)
+    return (lambda: objects[0].k), lambda k: setattr(holder, "k", k)
+
+
+def _weak_value_dictionary():
+    holder = _Settings()
+    registry = weakref.WeakValueDictionary(settings=holder)
+    _weak_value_dictionary.keep = holder
+    return (lambda: registry["settings"].k), lambda k: setattr(holder, "k", k)
+
+
 STATE = {"function_attribute": _function_attribute, "partial_attribute": _partial_attribute,
          "dict_get": _dict_method, "dict_getitem": _dict_getitem,
          "mapping_proxy": _mapping_proxy, "dict_values": _dict_values,
          "weak_reference": _weak_reference, "metaclass_attribute": _metaclass_attribute,
-         "jax_array_object": _jax_array_object}
+         "jax_array_object": _jax_array_object,
+         # (adversary, stop 34)
+         "context_variable": _context_variable, "computed_global_key": _computed_global_key,
+         "builtins_name": _builtins_name, "ndarray_subclass_attribute": _ndarray_subclass_attribute,
+         "float_subclass_attribute": _float_subclass_attribute, "object_array": _object_array,
+         "weak_value_dictionary": _weak_value_dictionary}
 MODULES = {"imported_inside": _imported_inside, "module_getattr": _module_getattr}
 
 
@@ -365,3 +423,30 @@ def test_an_equinox_bwd_reading_a_global_rebound_after_the_call_sees_the_late_va
     assert float(want) == 15.0
     assert float(jax.grad(jaxpr_cc.trace(program, x))(x)) == 15.0
     assert float(jax.grad(jaxpr_cc.jit(program))(x)) == 15.0
+
+
+def test_a_custom_rule_wrapping_a_library_function_is_walked_for_its_rules():
+    """``jax.custom_jvp(jnp.sin)`` wraps a library function but holds the
+    program's jvp (reading a global): a rule whose jvp differentiates it is
+    traced again when that global changes (adversary, stop 34: the wrapper was
+    found once, as a library callable).  Reference: JAX's gradient."""
+    state = {"k": 1.0}
+    sine = jax.custom_jvp(jnp.sin)
+    sine.defjvp(lambda p, t: (jnp.sin(p[0]), t[0] * jnp.cos(p[0]) * state["k"]))
+
+    @jax.custom_jvp
+    def doubled(x):
+        return sine(x) * 2
+
+    doubled.defjvp(lambda p, t: (doubled(p[0]), jax.jvp(sine, p, t)[1] * 2))
+
+    def program(x):
+        state["k"] = 2.0
+        y = doubled(x)
+        state["k"] = 5.0
+        return y + doubled(x)
+
+    x = jnp.float32(0.3)
+    want = float(jax.grad(program)(x))
+    np.testing.assert_allclose(want, 14 * np.cos(0.3), rtol=1e-6)
+    np.testing.assert_allclose(float(jax.grad(jaxpr_cc.trace(program, x))(x)), want, rtol=1e-6)

@@ -45,7 +45,9 @@ be worth it, the answer is ``None``: the caller then never reuses.
 from __future__ import annotations
 
 import array
+import builtins
 import collections
+import contextvars
 import dis
 import functools
 import hashlib
@@ -68,6 +70,10 @@ MAX_NODES = 4000
 
 class _TooBig(Exception):
     pass
+
+
+#: What a ``ContextVar`` without a value (and without a default) holds.
+_UNSET = ("unset",)
 
 
 class Fingerprinter:
@@ -100,8 +106,12 @@ class Fingerprinter:
             raise _TooBig
         if type(obj) in _EXACT_SCALARS:  # (the common case, without isinstance)
             return (type(obj), obj)
-        if isinstance(obj, _SCALARS):
+        if type(obj) in _SCALARS:
             return _scalar(obj)
+        if isinstance(obj, _SCALARS):  # a subclass's instance: its value and attributes
+            self.keepalive.append(obj)
+            return ("scalar", _scalar(obj), self(type(obj)),
+                    self(getattr(obj, "__dict__", None)))
         key = id(obj)
         if key in self.done:
             return self.done[key]
@@ -130,8 +140,14 @@ class Fingerprinter:
         if fast is not None:
             return fast(self, obj)
         if isinstance(obj, np.ndarray):
-            return ("np", obj.shape, obj.dtype.str,
-                    hashlib.blake2b(obj.tobytes(), digest_size=16).digest())
+            if obj.dtype.hasobject:  # its bytes are pointers: the objects, by content
+                content = ("objects", tuple(self(x) for x in obj.ravel().tolist()))
+            else:
+                content = hashlib.blake2b(obj.tobytes(), digest_size=16).digest()
+            # (A subclass's instance holds attributes too: ``A.scale``.)
+            extra = () if type(obj) is np.ndarray else (self(type(obj)),
+                                                         self(getattr(obj, "__dict__", None)))
+            return ("np", obj.shape, obj.dtype.str, content, extra)
         if isinstance(obj, np.generic):
             return ("np", obj.dtype.str, obj.tobytes())
         if isinstance(obj, types.ModuleType):
@@ -158,8 +174,12 @@ class Fingerprinter:
             return ("mappingproxy", self(dict(obj)))
         if isinstance(obj, _DICT_VIEWS):
             return (type(obj).__name__, tuple(self(x) for x in tuple(obj)))
-        if isinstance(obj, weakref.ref) and type(obj) is weakref.ref:
+        if isinstance(obj, weakref.ref):
+            # (``KeyedRef``s too: what a ``WeakValueDictionary`` holds.)
             return ("weakref", self(obj()))
+        if isinstance(obj, contextvars.ContextVar):
+            # Its value in the current context, which ``set`` rebinds.
+            return ("contextvar", self._opaque(obj), self(obj.get(_UNSET)))
         if isinstance(obj, (staticmethod, classmethod)):
             return (type(obj), self(obj.__func__))
         if isinstance(obj, property):
@@ -178,15 +198,22 @@ class Fingerprinter:
             # and what it wraps.
             wrapped = obj.__wrapped__
             inner = self(wrapped)
-            if _LIBRARY_CALLABLES.get(id(wrapped), (None,))[0] is wrapped:
-                # A library's wrapper of a library function (``jnp.tanh``).
-                return _library_callable(obj, ("wrapper", self._opaque(obj), inner))
+            attrs = getattr(obj, "__dict__", None)
+            attrs = {k: v for k, v in attrs.items() if k != "__wrapped__"} \
+                if isinstance(attrs, dict) else {}
+            if _is_library_callable(wrapped):
+                # A library's wrapper of a library function (``jnp.tanh``), unless
+                # it holds a program's rule (``jax.custom_jvp(jnp.sin)`` with the
+                # program's jvp): only functions it holds can be the program's
+                # (its other attributes are the library's: a signature, a cache).
+                rules = [v for v in attrs.values() if callable(v) and not _is_library_callable(v)]
+                held = self(rules)
+                if all(_is_library_callable(v) for v in rules):
+                    return _library_callable(obj, ("wrapper", self._opaque(obj), inner))
+                return ("wrapper", self._opaque(obj), inner, held)
             # A wrapper of the program's function: what it holds besides (a
             # custom_vjp's fwd and bwd, a custom_jvp's jvp: rules it runs).
-            attrs = getattr(obj, "__dict__", None)
-            held = self({k: v for k, v in attrs.items() if k != "__wrapped__"}) \
-                if isinstance(attrs, dict) else None
-            return ("wrapper", self._opaque(obj), inner, held)
+            return ("wrapper", self._opaque(obj), inner, self(attrs))
         attrs = getattr(obj, "__dict__", None)
         slots = tuple(n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())
                       if isinstance(n, str) and hasattr(obj, n))
@@ -274,14 +301,22 @@ class Fingerprinter:
             if not held:
                 return _library_callable(fn, ("function", id(fn)))
             out = ("function", id(fn), tuple(self(x) for x in held))
-            if all(_LIBRARY_CALLABLES.get(id(x), (None,))[0] is x for x in held):
+            if all(_is_library_callable(x) for x in held):
                 return _library_callable(fn, out)
             return out
         code_names, sorted_names, sorted_imports = _code_names(code)
         self.names |= code_names
         cells = tuple(self(_cell_contents(c)) for c in (fn.__closure__ or ()))
         g = fn.__globals__
+        if "globals" in code_names or "vars" in code_names:
+            # ``globals()[key]`` with a key computed at run time: any global.
+            sorted_names = tuple(sorted(set(sorted_names) | set(g)))
         names = tuple(n for n in sorted_names if n in g)
+        # A name the module does not define resolves through ``builtins``, which
+        # a program can set (``builtins.SCALE = 2.0``).
+        builtin = _builtins_dict(g)
+        rebuilt = tuple((n, self(builtin[n])) for n in sorted_names
+                        if n not in g and n in builtin and builtin[n] is not _BUILTINS.get(n, _UNSET))
         # Modules the code imports itself (``import cfg`` inside the function):
         # a program's own module is walked like one it reads as a global.
         imported = tuple(self(sys.modules[n]) for n in sorted_imports
@@ -290,7 +325,7 @@ class Fingerprinter:
                                                   or ""))
         return ("function", fn.__code__, cells, self(fn.__defaults__),
                 self(fn.__kwdefaults__), tuple((n, self(g[n])) for n in names), imported,
-                self(getattr(fn, "__dict__", None) or None))
+                self(getattr(fn, "__dict__", None) or None), rebuilt)
 
 
 def fingerprint(obj, keepalive: list, max_nodes: int = MAX_NODES):
@@ -332,6 +367,11 @@ def _library_callable(obj, out: tuple) -> tuple:
     return out
 
 
+def _is_library_callable(obj) -> bool:
+    """Was ``obj`` found to be a library callable reaching no program state?"""
+    return _LIBRARY_CALLABLES.get(id(obj), (None,))[0] is obj
+
+
 def _walk_builtin_container(walk: Fingerprinter, obj) -> tuple:
     return (type(obj), walk._container(obj), walk._extra_state(obj))
 
@@ -354,6 +394,16 @@ def _scalar(obj) -> tuple:
     if isinstance(obj, complex):
         return (type(obj), struct.pack("<dd", obj.real, obj.imag))
     return (type(obj), obj)
+
+
+#: The ``builtins`` names as the interpreter started: only one a program set or
+#: rebound since is walked (the others are the interpreter's own).
+_BUILTINS = dict(vars(builtins))
+
+
+def _builtins_dict(g: dict) -> dict:
+    b = g.get("__builtins__", builtins)
+    return b if isinstance(b, dict) else vars(b)
 
 
 def _cell_contents(cell):
