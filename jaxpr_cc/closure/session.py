@@ -426,7 +426,8 @@ class TraceSession:
                     f"after the call to a traced value; JAX's bwd reads the rebound value when "
                     f"it runs, which a first-order rule cannot take: pass that value to the "
                     f"custom function as an argument")), ()
-            rule.take_late_bwd(marked(bwd, zeros), self._late_variants(late))
+            rule.take_late_bwd(marked(bwd, zeros), self._late_variants(late),
+                               keep_patterns=not self.up_front_variants)
         self.late_bwds.clear()
 
     def _late_variants(self, late: "_LateBwd") -> tuple | None:
@@ -456,7 +457,12 @@ class TraceSession:
         has the fingerprint it had at the call (as for reuse, ``_call_custom``);
         otherwise the pattern runs the main rule (traced with every perturbable
         input perturbed, at the call) -- exact unless the rule depends on which
-        inputs are perturbed (docs/closure.md)."""
+        inputs are perturbed (docs/closure.md).  Inside ``jaxpr_cc.jit`` it is
+        traced when given whatever changed, as ``jax.jit`` does."""
+        if not self.up_front_variants:
+            # Inside jaxpr_cc.jit, as inside jax.jit: JAX traces a rule for a
+            # pattern when it first gives it, with the state of that moment.
+            return lambda: True
         if key is None:
             return lambda: False
         seen, in_tree = key[2], key[3]
