@@ -189,6 +189,46 @@ def _weak_value_dictionary():
     return (lambda: registry["settings"].k), lambda k: setattr(holder, "k", k)
 
 
+class _OneSlot:
+    __slots__ = "scale"
+
+
+def _slots_as_one_string():
+    holder = _OneSlot()
+    holder.scale = 1.0
+    return (lambda: holder.scale), lambda k: setattr(holder, "scale", k)
+
+
+class _PrivateSlot:
+    __slots__ = ("__k",)
+
+    def __init__(self):
+        self.__k = 1.0
+
+    def read(self):
+        return self.__k
+
+    def write(self, k):
+        self.__k = k
+
+
+def _private_slot():
+    holder = _PrivateSlot()
+    return holder.read, holder.write
+
+
+class _AlwaysEqual(str):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+def _string_subclass_with_eq():
+    box = {"mode": _AlwaysEqual("1.0")}
+    return (lambda: float(box["mode"])), lambda k: box.__setitem__("mode", _AlwaysEqual(str(k)))
+
+
 STATE = {"function_attribute": _function_attribute, "partial_attribute": _partial_attribute,
          "dict_get": _dict_method, "dict_getitem": _dict_getitem,
          "mapping_proxy": _mapping_proxy, "dict_values": _dict_values,
@@ -198,8 +238,20 @@ STATE = {"function_attribute": _function_attribute, "partial_attribute": _partia
          "context_variable": _context_variable, "computed_global_key": _computed_global_key,
          "builtins_name": _builtins_name, "ndarray_subclass_attribute": _ndarray_subclass_attribute,
          "float_subclass_attribute": _float_subclass_attribute, "object_array": _object_array,
-         "weak_value_dictionary": _weak_value_dictionary}
-MODULES = {"imported_inside": _imported_inside, "module_getattr": _module_getattr}
+         "weak_value_dictionary": _weak_value_dictionary,
+         "slots_as_one_string": _slots_as_one_string, "private_slot": _private_slot,
+         "string_subclass_with_eq": _string_subclass_with_eq}
+def _import_module_by_name(tmp_path):
+    module = _module(tmp_path, "jaxpr_cc_test_settings_by_name", "dt = 1.0\n")
+
+    def read():
+        import importlib
+        return importlib.import_module("jaxpr_cc_test_settings_by_name").dt
+    return read, lambda k: setattr(module, "dt", k)
+
+
+MODULES = {"imported_inside": _imported_inside, "module_getattr": _module_getattr,
+           "import_module_by_name": _import_module_by_name}
 
 
 def _check(f):

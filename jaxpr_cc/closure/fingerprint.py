@@ -110,7 +110,8 @@ class Fingerprinter:
             return _scalar(obj)
         if isinstance(obj, _SCALARS):  # a subclass's instance: its value and attributes
             self.keepalive.append(obj)
-            return ("scalar", _scalar(obj), self(type(obj)),
+            base = next(t for t in _SCALARS if isinstance(obj, t))
+            return ("scalar", _scalar(base(obj)), self(type(obj)),
                     self(getattr(obj, "__dict__", None)))
         key = id(obj)
         if key in self.done:
@@ -215,8 +216,7 @@ class Fingerprinter:
             # custom_vjp's fwd and bwd, a custom_jvp's jvp: rules it runs).
             return ("wrapper", self._opaque(obj), inner, self(attrs))
         attrs = getattr(obj, "__dict__", None)
-        slots = tuple(n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())
-                      if isinstance(n, str) and hasattr(obj, n))
+        slots = _slot_names(obj)
         if isinstance(attrs, dict) or slots:
             self.keepalive.append(obj)
             return ("object", self(type(obj)), id(obj), self(attrs),
@@ -252,10 +252,7 @@ class Fingerprinter:
             attrs = getattr(obj, "__dict__", None)
             if isinstance(attrs, dict):
                 extra.append(("attrs", self(attrs)))
-            extra.extend((n, self(getattr(obj, n))) for c in type(obj).__mro__
-                         for n in getattr(c, "__slots__", ())
-                         if isinstance(n, str) and n not in ("__dict__", "__weakref__")
-                         and hasattr(obj, n))
+            extra.extend((n, self(getattr(obj, n))) for n in _slot_names(obj))
         return tuple(extra)
 
     def _module(self, module: types.ModuleType) -> tuple:
@@ -436,11 +433,15 @@ def _code_names(code: types.CodeType) -> tuple[frozenset, tuple, tuple]:
 
 @functools.lru_cache(maxsize=4096)
 def _imported_names(code: types.CodeType) -> frozenset:
-    """The modules ``code`` (and code nested in it) imports by name."""
+    """The modules ``code`` (and code nested in it) imports by name, or may:
+    a dotted-name string constant (``importlib.import_module("pkg.settings")``,
+    ``__import__("pkg")``) counts when such a module is loaded."""
     names = {ins.argval for ins in dis.get_instructions(code) if ins.opname == "IMPORT_NAME"}
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             names |= _imported_names(c)
+        elif isinstance(c, str) and c.replace(".", "_").isidentifier():
+            names.add(c)
     return frozenset(names)
 
 
@@ -451,6 +452,9 @@ def _library_roots() -> tuple:
         roots.update(site.getsitepackages())
     except AttributeError:  # some embedded interpreters have no site-packages list
         pass
+    # jaxpr-cc itself is a library to the programs it traces (an editable install
+    # lives outside site-packages).
+    roots.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return tuple(os.path.join(os.path.realpath(r), "") for r in roots if r)
 
 
@@ -478,4 +482,24 @@ def _in_library(obj) -> bool:
 
 
 def _is_array_like(obj) -> bool:
-    return hasattr(obj, "__jax_array__") or (hasattr(obj, "aval") and hasattr(obj, "shape"))
+    try:
+        return hasattr(obj, "__jax_array__") or (hasattr(obj, "aval") and hasattr(obj, "shape"))
+    except Exception:  # noqa: BLE001 -- a __getattr__ raising KeyError: not an array
+        return False
+
+
+def _slot_names(obj) -> tuple:
+    """The slots ``obj`` has a value in, as attribute names: a class may give
+    ``__slots__`` as one string, and a private slot ``__v`` is stored as
+    ``_Class__v``."""
+    out = []
+    for c in type(obj).__mro__:
+        names = getattr(c, "__slots__", ())
+        for n in ((names,) if isinstance(names, str) else names):
+            if not isinstance(n, str) or n in ("__dict__", "__weakref__"):
+                continue
+            if n.startswith("__") and not n.endswith("__"):
+                n = f"_{c.__name__.lstrip('_')}{n}"
+            if hasattr(obj, n):
+                out.append(n)
+    return tuple(out)

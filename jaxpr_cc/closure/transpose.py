@@ -1235,6 +1235,10 @@ class _StartProbe:
         self.skipped.update((id(x), x) for x in values)
 
 
+#: The larger scale at which a loop's start test is read (``_bind_linear_while``).
+_PROBE_SCALE = float(2 ** 20)
+
+
 def _probe_starts(jaxpr, forward, lin_examples) -> dict:
     """``{id(loop equation): its test at its start}`` for the loops to
     convergence ``forward`` (the map, of its linear inputs) runs, read on a
@@ -1409,8 +1413,15 @@ def _bind_linear_while(eqn, invals, flags, used):
         starts = list(invals[cc + bc:])
         pred = None
         if split.converges and not probe.nested and not probe.derived_from_skipped(invals):
-            (ran,) = jx.eval_jaxpr(cond.jaxpr, cond.consts, *invals[:cc], *starts)
-            pred = jnp.any(ran)
+            # Read at the probe and at a much larger multiple of it: a test that
+            # holds at one scale only (an absolute tolerance beside a start gap
+            # of rounding size) runs for some cotangents and not for others --
+            # the bwd is not linear there -- and its transpose is NaN.
+            def ran_at(scale):
+                scaled = [x * scale if lin else x for x, lin in zip(starts, carry_lin)]
+                (ran,) = jx.eval_jaxpr(cond.jaxpr, cond.consts, *invals[:cc], *scaled)
+                return jnp.any(ran)
+            pred = jnp.stack([ran_at(1.0), ran_at(_PROBE_SCALE)])
         probe.skip(eqn, starts, pred)
         return starts, list(carry_lin)
     probed_run = _StartProbe.pred_for(eqn)
@@ -1516,12 +1527,16 @@ def _bind_linear_while(eqn, invals, flags, used):
                 return list(limit)
             # Whether the loop ran: its test at the start, on the probe of the
             # linear input when the test reads it (_StartProbe).
-            ran = (probed_run if start_reads_lin
-                   else stop_test(cv, list(n_init), zeros_of(lin_carry_avals)))
-            # A loop that did not run returns its start: cotangent l_bar for it,
-            # none for the loop's constants.
-            return [jnp.where(ran, x, y) for x, y in
-                    zip(limit, [*zeros_of(lin_const_avals), *l_bar])]
+            start = [*zeros_of(lin_const_avals), *l_bar]
+            if not start_reads_lin:
+                ran = stop_test(cv, list(n_init), zeros_of(lin_carry_avals))
+                # A loop that did not run returns its start: cotangent l_bar for
+                # it, none for the loop's constants.
+                return [jnp.where(ran, x, y) for x, y in zip(limit, start)]
+            ran, ran_scaled = probed_run[0], probed_run[1]
+            return [jnp.where(ran & ran_scaled, x,
+                              jnp.where(ran | ran_scaled, jnp.full_like(x, jnp.nan), y))
+                    for x, y in zip(limit, start)]
 
         def count_cond(state):
             n_vals, _ = state
