@@ -457,12 +457,7 @@ class TraceSession:
         has the fingerprint it had at the call (as for reuse, ``_call_custom``);
         otherwise the pattern runs the main rule (traced with every perturbable
         input perturbed, at the call) -- exact unless the rule depends on which
-        inputs are perturbed (docs/closure.md).  Inside ``jaxpr_cc.jit`` it is
-        traced when given whatever changed, as ``jax.jit`` does."""
-        if not self.up_front_variants:
-            # Inside jaxpr_cc.jit, as inside jax.jit: JAX traces a rule for a
-            # pattern when it first gives it, with the state of that moment.
-            return lambda: True
+        inputs are perturbed (docs/closure.md)."""
         if key is None:
             return lambda: False
         seen, in_tree = key[2], key[3]
