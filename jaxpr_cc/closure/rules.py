@@ -225,20 +225,16 @@ class VJPRule:
     def replace(self, **kw) -> "VJPRule":
         return dataclasses.replace(self, **kw)
 
-    def take_late_bwd(self, bwd, bwd_variants: tuple | None = None,
-                      keep_patterns: bool = False) -> None:
+    def take_late_bwd(self, bwd, bwd_variants: tuple | None = None) -> None:
         """Make ``bwd`` and ``bwd_variants`` (traced when the program returned, as
         JAX traces a bwd when it differentiates) this rule's bwds; without
-        variants, ``bwd`` (and the main fwd) serve every pattern, and so they do
-        for the patterns traced when first given unless ``keep_patterns`` (those
-        are traced late anyway: inside ``jaxpr_cc.jit``).  In place: the rule is
-        shared by identity -- calls that reused it, and calls of the custom
-        function from inside its own rules (recursion) -- and all of them run
-        their bwd late in JAX."""
+        variants, ``bwd`` (and the main fwd) serve every pattern.  In place: the
+        rule is shared by identity -- calls that reused it, and calls of the
+        custom function from inside its own rules (recursion) -- and all of them
+        run their bwd late in JAX."""
         fwd_variants = self.fwd_variants if bwd_variants is not None else ()
-        patterns = self.pattern_rules if keep_patterns else None
         for name, value in (("bwd", bwd), ("fwd_variants", fwd_variants),
-                            ("bwd_variants", bwd_variants or ()), ("pattern_rules", patterns)):
+                            ("bwd_variants", bwd_variants or ()), ("pattern_rules", None)):
             object.__setattr__(self, name, value)
 
 

@@ -426,8 +426,7 @@ class TraceSession:
                     f"after the call to a traced value; JAX's bwd reads the rebound value when "
                     f"it runs, which a first-order rule cannot take: pass that value to the "
                     f"custom function as an argument")), ()
-            rule.take_late_bwd(marked(bwd, zeros), self._late_variants(late),
-                               keep_patterns=not self.up_front_variants)
+            rule.take_late_bwd(marked(bwd, zeros), self._late_variants(late))
         self.late_bwds.clear()
 
     def _late_variants(self, late: "_LateBwd") -> tuple | None:
