@@ -165,6 +165,46 @@ def test_unchanged_closure_is_traced_once():
     assert len(bodies) == 1
 
 
+# A module global no rule reads by name, large enough to exceed the walk's
+# budget or to cost a content hash per call if it were walked.
+_LARGE_GLOBAL = np.arange(200_000, dtype=np.float32)
+_CONFIG = types.SimpleNamespace(scale=2.0)
+_LABELS = np.array([f"label{i}" for i in range(5_000)], dtype=object)
+
+
+def _vars_reader(x):
+    return vars(_CONFIG)["scale"] * x
+
+
+def _object_array_reader(x):
+    return x * len(_LABELS[0])
+
+
+@pytest.mark.parametrize("read", [_vars_reader, _object_array_reader],
+                         ids=["vars(obj)", "large object array"])
+def test_a_rule_reading_unchanged_state_is_traced_once(read):
+    # vars(obj) reads the object, not the module's globals; a large object array
+    # is compared by its elements' identities (adversary, stop 34: these walked
+    # every global, or every element, past the walk's budget: no reuse).
+    @jax.custom_vjp
+    def scaled(x):
+        return read(x)
+
+    scaled.defvjp(lambda x: (read(x), None), lambda _, g: (read(g),))
+
+    def many(y):
+        for _ in range(10):
+            y = scaled(y)
+        return y
+
+    program = jaxpr_cc.trace(many, jnp.float32(1.0))
+    bodies = {id(e.params["fwd_jaxpr"]) for e in program.body.equations
+              if e.prim.name == "custom_vjp_call"}
+    assert len(bodies) == 1
+    np.testing.assert_allclose(float(jax.grad(program)(jnp.float32(1.0))),
+                               float(jax.grad(many)(jnp.float32(1.0))), rtol=1e-6)
+
+
 class _ClassData:
     c = 2.0
 

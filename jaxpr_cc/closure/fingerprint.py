@@ -72,6 +72,9 @@ class _TooBig(Exception):
     pass
 
 
+#: Object arrays up to this many elements are walked element by element.
+_MAX_OBJECT_ARRAY = 256
+
 #: What a ``ContextVar`` without a value (and without a default) holds.
 _UNSET = ("unset",)
 
@@ -141,7 +144,9 @@ class Fingerprinter:
         if fast is not None:
             return fast(self, obj)
         if isinstance(obj, np.ndarray):
-            if obj.dtype.hasobject:  # its bytes are pointers: the objects, by content
+            if obj.dtype.hasobject and obj.size <= _MAX_OBJECT_ARRAY:
+                # Its bytes are pointers: the objects, by content (a large one --
+                # a column of strings -- by its pointers, as its elements' identities).
                 content = ("objects", tuple(self(x) for x in obj.ravel().tolist()))
             else:
                 content = hashlib.blake2b(obj.tobytes(), digest_size=16).digest()
@@ -305,7 +310,7 @@ class Fingerprinter:
         self.names |= code_names
         cells = tuple(self(_cell_contents(c)) for c in (fn.__closure__ or ()))
         g = fn.__globals__
-        if "globals" in code_names or "vars" in code_names:
+        if "globals" in code_names:
             # ``globals()[key]`` with a key computed at run time: any global.
             sorted_names = tuple(sorted(set(sorted_names) | set(g)))
         names = tuple(n for n in sorted_names if n in g)

@@ -1239,6 +1239,16 @@ class _StartProbe:
 _PROBE_SCALE = float(2 ** 20)
 
 
+def _near(x, y):
+    """Whether two cotangents agree to the square root of their precision,
+    relative to the larger."""
+    if not _floating(jnp.result_type(x)):
+        return jnp.bool_(True)
+    tol = float(np.sqrt(jnp.finfo(jnp.result_type(x)).eps))
+    size = jnp.maximum(jnp.max(jnp.abs(x), initial=0.0), jnp.max(jnp.abs(y), initial=0.0))
+    return jnp.max(jnp.abs(x - y), initial=0.0) <= tol * size
+
+
 def _probe_starts(jaxpr, forward, lin_examples) -> dict:
     """``{id(loop equation): its test at its start}`` for the loops to
     convergence ``forward`` (the map, of its linear inputs) runs, read on a
@@ -1416,12 +1426,29 @@ def _bind_linear_while(eqn, invals, flags, used):
             # Read at the probe and at a much larger multiple of it: a test that
             # holds at one scale only (an absolute tolerance beside a start gap
             # of rounding size) runs for some cotangents and not for others --
-            # the bwd is not linear there -- and its transpose is NaN.
+            # the bwd is not linear there (see the transpose below).
             def ran_at(scale):
                 scaled = [x * scale if lin else x for x, lin in zip(starts, carry_lin)]
                 (ran,) = jx.eval_jaxpr(cond.jaxpr, cond.consts, *invals[:cc], *scaled)
                 return jnp.any(ran)
-            pred = jnp.stack([ran_at(1.0), ran_at(_PROBE_SCALE)])
+
+            def returns_its_start(scale):
+                # Run where its test holds, does the loop end where it started (an
+                # adjoint of a Newton step, whose iteration changes nothing)?  Then
+                # whether it runs does not matter.
+                scaled = [x * scale if lin else x for x, lin in zip(starts, carry_lin)]
+                consts = [x * scale if lin else x
+                          for x, lin in zip(invals[cc:cc + bc], split.const_lin)]
+                outs = jx.eval_equation(eqn, [*invals[:cc], *consts, *scaled])
+                return functools.reduce(jnp.logical_and, [
+                    _near(o, x) for o, x, lin in zip(outs, scaled, carry_lin) if lin],
+                    jnp.bool_(True))
+
+            ran, ran_scaled = ran_at(1.0), ran_at(_PROBE_SCALE)
+            same = jax.lax.cond(ran != ran_scaled, returns_its_start, lambda _: jnp.bool_(True),
+                                jnp.where(ran, 1.0, _PROBE_SCALE).astype(starts[0].dtype)
+                                if starts else 1.0)
+            pred = jnp.stack([ran, ran_scaled, same])
         probe.skip(eqn, starts, pred)
         return starts, list(carry_lin)
     probed_run = _StartProbe.pred_for(eqn)
@@ -1533,9 +1560,12 @@ def _bind_linear_while(eqn, invals, flags, used):
                 # A loop that did not run returns its start: cotangent l_bar for
                 # it, none for the loop's constants.
                 return [jnp.where(ran, x, y) for x, y in zip(limit, start)]
-            ran, ran_scaled = probed_run[0], probed_run[1]
-            return [jnp.where(ran & ran_scaled, x,
-                              jnp.where(ran | ran_scaled, jnp.full_like(x, jnp.nan), y))
+            ran, ran_scaled, same = probed_run[0], probed_run[1], probed_run[2]
+            # A test that holds at one scale only is NaN, unless running the loop
+            # leaves its start where it was (then either transpose will do).
+            unsure = (ran != ran_scaled) & ~same
+            return [jnp.where(unsure, jnp.full_like(x, jnp.nan),
+                              jnp.where(ran | ran_scaled, x, y))
                     for x, y in zip(limit, start)]
 
         def count_cond(state):
