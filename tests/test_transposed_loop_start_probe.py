@@ -150,3 +150,25 @@ def test_a_newton_adjoint_whose_start_gap_is_rounding_keeps_its_hessian():
     analytic = -np.sin(a) / (4 * a ** 1.5) + np.cos(a) / np.sqrt(a) - np.sqrt(a) * np.sin(a)
     np.testing.assert_allclose(float(jax.hessian(jaxpr_cc.jit(f))(jnp.float32(a))), analytic,
                                rtol=1e-4)
+
+
+def test_a_small_component_packed_beside_a_large_one_is_compared_on_its_own_scale():
+    # One carry [u, v] with u ~ g nearly fixed and v ~ 1e-9 g moving by half of
+    # itself per step, stopped by an absolute tolerance: at a unit cotangent the
+    # loop exits at once, at a large one it runs and v changes.  That is NaN,
+    # not the limit (adversary, stop 34: v's change hid under u's size).
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(x, g):
+        def step(w):
+            return jnp.stack([g + 1e-10 * jnp.cos(x) * w[0], 1e-9 * g + 0.5 * w[1]])
+
+        start = jnp.stack([g, 1e-9 * g])
+        _, w = jax.lax.while_loop(lambda c: jnp.max(jnp.abs(c[1] - c[0])) > 1e-7,
+                                  lambda c: (c[1], step(c[1])), (start, step(start)))
+        return (w[0] + 1e9 * w[1],)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), bwd)
+    assert np.isnan(float(jax.jacfwd(jaxpr_cc.jit(f))(jnp.float32(0.7))))

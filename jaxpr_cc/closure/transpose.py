@@ -1240,13 +1240,13 @@ _PROBE_SCALE = float(2 ** 20)
 
 
 def _near(x, y):
-    """Whether two cotangents agree to the square root of their precision,
-    relative to the larger."""
+    """Whether two arrays agree to the square root of their precision, element by
+    element, relative to the larger of the two elements (a small component
+    packed beside a large one in one carry is compared on its own scale)."""
     if not _floating(jnp.result_type(x)):
         return jnp.bool_(True)
     tol = float(np.sqrt(jnp.finfo(jnp.result_type(x)).eps))
-    size = jnp.maximum(jnp.max(jnp.abs(x), initial=0.0), jnp.max(jnp.abs(y), initial=0.0))
-    return jnp.max(jnp.abs(x - y), initial=0.0) <= tol * size
+    return jnp.all(jnp.abs(x - y) <= tol * jnp.maximum(jnp.abs(x), jnp.abs(y)))
 
 
 def _probe_starts(jaxpr, forward, lin_examples) -> dict:
