@@ -317,7 +317,7 @@ class Fingerprinter:
         # A name the module does not define resolves through ``builtins``, which
         # a program can set (``builtins.SCALE = 2.0``).
         builtin = _builtins_dict(g)
-        rebuilt = tuple((n, self(builtin[n])) for n in sorted_names
+        rebuilt = tuple((n, self(builtin[n])) for n in _loaded_globals(code)
                         if n not in g and n in builtin and builtin[n] is not _BUILTINS.get(n, _UNSET))
         # Modules the code imports itself (``import cfg`` inside the function):
         # a program's own module is walked like one it reads as a global.
@@ -427,6 +427,18 @@ def _global_names(code: types.CodeType) -> frozenset:
         elif isinstance(c, str) and c.isidentifier():
             names.add(c)
     return frozenset(names)
+
+
+@functools.lru_cache(maxsize=4096)
+def _loaded_globals(code: types.CodeType) -> tuple:
+    """The names ``code`` (and code nested in it) loads as globals, sorted: the
+    ones that can resolve through ``builtins``."""
+    names = {ins.argval for ins in dis.get_instructions(code)
+             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names.update(_loaded_globals(c))
+    return tuple(sorted(names))
 
 
 @functools.lru_cache(maxsize=4096)
