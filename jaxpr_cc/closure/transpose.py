@@ -1183,10 +1183,14 @@ class _StartProbe:
     starts equal to the iterate (``flip(flip(g))``, ``g * s`` with ``s == 1`` at
     run time): the structural check (``_stops_at_its_start``) sees only starts
     equal by construction.  The map is evaluated once on a fixed pseudo-random
-    linear input, each loop's test read at its start and the loop skipped
-    (``_bind_linear_while``); a loop whose start is computed from another loop's
-    result, or that runs inside a scan body or a branch, or more than once, is
-    not read (its transpose is the limit's, as before).
+    linear input, each loop's test read at its start (at that input and at
+    ``_PROBE_SCALE`` times it) and the loop skipped (``_bind_linear_while``).
+    Met at both scales, the loop did not run; at one only, it runs for some
+    inputs and not others, and its transpose is NaN -- unless running it there
+    leaves its start where it was, when the limit is its start.  A loop whose
+    start is computed from another loop's result, or that runs inside a scan
+    body or a branch, or more than once, is not read (its transpose is the
+    limit's, as before).
 
     ``recording()`` is the probe being evaluated (``preds``: loop equation id ->
     its test at the start, or None when unread; ``skipped``: ids of values the
