@@ -326,40 +326,30 @@ def test_a_call_under_another_jax_configuration_is_traced_again():
         assert [float(v) for v in ours(x)] == want
 
 
-def test_a_library_wrapper_of_the_programs_function_is_walked():
-    """``jax.named_call(g)`` is a library function whose ``__wrapped__`` is the
-    program's ``g``: what ``g`` reads (a global changed between two calls) is
-    part of the rule's state (adversary, stop 33: the second call reused the
-    first's rule).  Reference: JAX's value."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    import jaxpr_cc
-
-    state = {"t": 1.0}
-
-    def reads_state(a):
-        return a * state["t"]
-
-    named = jax.named_call(reads_state, name="reads_state")
-
-    @jax.custom_vjp
-    def outer(a):
-        return named(a) + a
-
-    outer.defvjp(lambda a: (outer(a), None), lambda r, g: (g,))
-
+def _called_twice(call, state, key):
+    """``x -> call(x) + call(x)`` with ``state[key]`` 2.0 at the first call and
+    5.0 at the second."""
     def program(x):
-        state["t"] = 2.0
-        y = outer(x)
-        state["t"] = 5.0
-        return y + outer(x)
+        state[key] = 2.0
+        y = call(x)
+        state[key] = 5.0
+        return y + call(x)
+    return program
 
-    x = np.float32(1.5)
-    want = program(x)
-    np.testing.assert_allclose(jaxpr_cc.trace(program, x)(x), want)
-    np.testing.assert_allclose(float(want), 1.5 * 2 + 1.5 + 1.5 * 5 + 1.5)
+
+def _all_agree_with_jax(program, x, want_grad=None):
+    """Values and gradients of ``jaxpr_cc.trace`` and ``jaxpr_cc.jit`` of
+    ``program`` equal JAX's (and JAX's gradient ``want_grad`` when given)."""
+    want, grad = float(program(x)), float(jax.grad(program)(x))
+    if want_grad is not None:
+        np.testing.assert_allclose(grad, want_grad, rtol=1e-6)
+    for ours in (jaxpr_cc.trace(program, x), jaxpr_cc.jit(program)):
+        np.testing.assert_allclose(float(ours(x)), want, rtol=1e-6)
+        np.testing.assert_allclose(float(jax.grad(ours)(x)), grad, rtol=1e-6)
+
+
+def _named_call_reading(state):
+    return jax.named_call(lambda a: a * state["t"], name="scaled")
 
 
 def _custom_gradient_reading(state):
@@ -382,16 +372,18 @@ def _eqx_filter_custom_jvp_reading(state):
     return scaled
 
 
-LIBRARY_CLOSURES = {"jax.custom_gradient": _custom_gradient_reading,
+LIBRARY_CLOSURES = {"jax.named_call": _named_call_reading,
+                    "jax.custom_gradient": _custom_gradient_reading,
                     "equinox.filter_custom_jvp": _eqx_filter_custom_jvp_reading}
 
 
 @pytest.mark.parametrize("make", list(LIBRARY_CLOSURES.values()), ids=list(LIBRARY_CLOSURES))
 def test_a_library_closure_over_the_programs_function_is_walked(make):
-    """``jax.custom_gradient`` and equinox's ``filter_custom_jvp`` hand JAX a
-    library closure whose cells hold the program's function: what that reads
-    (a global changed between two calls) is the rule's state (adversary, stop 33:
-    the second call reused the first's rule, 9.0).  Reference: JAX's value."""
+    """``jax.named_call`` wraps the program's function (``__wrapped__``), and
+    ``jax.custom_gradient`` and equinox's ``filter_custom_jvp`` hand JAX a
+    library closure whose cells hold it: what it reads (a global changed between
+    two calls) is the rule's state (adversary, stops 33 and 34: the second call
+    reused the first's rule).  Reference: JAX."""
     state = {"t": 1.0}
     scaled = make(state)
 
@@ -400,18 +392,10 @@ def test_a_library_closure_over_the_programs_function_is_walked(make):
         return scaled(a) * a
 
     outer.defvjp(lambda a: (outer(a), a), lambda r, g: (g * r,))
-
-    def program(x):
-        state["t"] = 2.0
-        y = outer(x)
-        state["t"] = 5.0
-        return y + outer(x)
-
+    program = _called_twice(outer, state, "t")
     x = np.float32(1.5)
-    want = program(x)
-    np.testing.assert_allclose(float(want), 1.5 * 2 * 1.5 + 1.5 * 5 * 1.5)
-    for ours in (jaxpr_cc.trace(program, x), jaxpr_cc.jit(program)):
-        np.testing.assert_allclose(ours(x), want)
+    np.testing.assert_allclose(float(program(x)), 1.5 * 2 * 1.5 + 1.5 * 5 * 1.5)
+    _all_agree_with_jax(program, x)
 
 
 def test_an_equinox_jvp_rule_reading_a_changed_global_is_traced_again():
@@ -431,17 +415,7 @@ def test_an_equinox_jvp_rule_reading_a_changed_global_is_traced_again():
         (a,), (ta,) = primals, tangents
         return doubled(a), ta * state["u"]
 
-    def program(x):
-        state["u"] = 2.0
-        y = doubled(x)
-        state["u"] = 5.0
-        return y + doubled(x)
-
-    x = np.float32(1.5)
-    want = jax.grad(program)(x)
-    assert float(want) == 7.0
-    assert float(jax.grad(jaxpr_cc.trace(program, x))(x)) == 7.0
-    assert float(jax.grad(jaxpr_cc.jit(program))(x)) == 7.0
+    _all_agree_with_jax(_called_twice(doubled, state, "u"), np.float32(1.5), want_grad=7.0)
 
 
 def test_an_equinox_bwd_reading_a_global_rebound_after_the_call_sees_the_late_value():
@@ -491,14 +465,5 @@ def test_a_custom_rule_wrapping_a_library_function_is_walked_for_its_rules():
         return sine(x) * 2
 
     doubled.defjvp(lambda p, t: (doubled(p[0]), jax.jvp(sine, p, t)[1] * 2))
-
-    def program(x):
-        state["k"] = 2.0
-        y = doubled(x)
-        state["k"] = 5.0
-        return y + doubled(x)
-
-    x = jnp.float32(0.3)
-    want = float(jax.grad(program)(x))
-    np.testing.assert_allclose(want, 14 * np.cos(0.3), rtol=1e-6)
-    np.testing.assert_allclose(float(jax.grad(jaxpr_cc.trace(program, x))(x)), want, rtol=1e-6)
+    _all_agree_with_jax(_called_twice(doubled, state, "k"), jnp.float32(0.3),
+                        want_grad=14 * np.cos(0.3))
