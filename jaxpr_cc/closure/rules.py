@@ -193,6 +193,14 @@ class RuleInfo:
                 f"{self.describe_const(hot[0], const_avals[hot[0]])}, which is being differentiated; "
                 f"forward mode would need {size} jvp columns > max_forward_size={self.max_forward_size}: "
                 f"raise max_forward_size or use closed_over='reverse'")
+        if mode == "error" and self.closed_over == "auto":
+            raise ClosedOverError(
+                f"custom_{self.written_as or kind} rule '{self.name}' ({self.source}) closes over "
+                f"{self.describe_const(hot[0], const_avals[hot[0]])}, which is being differentiated, "
+                f"and its rule gives no derivative for it: its primal runs a while_loop, which "
+                f"reverse mode cannot differentiate, and forward mode would need {size} jvp "
+                f"columns > max_forward_size={self.max_forward_size}: pass the value to the rule "
+                f"as an argument, or trace with a larger max_forward_size (jaxpr_cc.trace)")
         if mode == "error":
             raise ClosedOverError(
                 f"custom_{self.written_as or kind} rule '{self.name}' ({self.source}) closes over "
