@@ -7,6 +7,8 @@ level; the rest of the loop runs as written.  The derivative must stay the
 loop's own: the reference is JAX's forward mode through the original loop (or
 reverse mode through the same iterations written as a ``fori_loop``).
 """
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,23 +75,49 @@ def test_a_loop_run_at_the_rounding_floor_keeps_its_gradient(x64):
         np.testing.assert_allclose(np.asarray(jvp_got), np.asarray(jvp_want), rtol=rtol)
 
 
-def test_the_probe_stops_once_the_iterate_settles():
-    """The probing loop reports how many steps ran after the probe stopped: at
-    the rounding floor, nearly all of them (and it ran at least the steps that
-    measure the rate)."""
+def _probing_outputs(cap):
     a, theta, c = _problem(jnp.float32)
-    cap = 400
     program = jaxpr_cc.trace(_floor_loop(cap, c), a, theta)
-    found = implicit_diff._while_loops(program.body)
-    (region, eqn), = found
+    (region, eqn), = implicit_diff._while_loops(program.body)
     loop = implicit_diff.match_fixed_point(eqn, result_used=[region.has_users(v)
                                                               for v in eqn.outputs])
     probing = implicit_diff._probing_loop(loop, [v.aval for v in eqn.inputs], "probe")
     operands = [a, theta, jnp.zeros_like(theta), jnp.float32(jnp.inf), 0]
-    *_, count, path = jax.jit(lambda *o: jax.core.eval_jaxpr(probing.jaxpr, (), *o))(*operands)
-    settled_steps = int(path[4])
+    outs = jax.jit(lambda *o: jax.core.eval_jaxpr(probing.jaxpr, (), *o))(*operands)
+    n = loop.n_carry
+    return outs[:n], outs[n], outs[n + 1:2 * n + 1], outs[2 * n + 1]
+
+
+def test_the_probe_stops_once_the_iterate_settles():
+    """The probing loop reports the loop's results and count, and the iterate
+    and count where the probe stopped: at the rounding floor, after a few dozen
+    steps (at least the steps that measure the rate)."""
+    cap = 400
+    results, count, settled, settled_count = _probing_outputs(cap)
     assert int(count) == cap
-    assert implicit_diff.RATE_STEPS <= cap - settled_steps < 100, (int(count), settled_steps)
+    assert implicit_diff.RATE_STEPS <= int(settled_count) < 100, int(settled_count)
+    # The settled iterate is the final one to rounding.
+    np.testing.assert_allclose(np.asarray(settled[0]), np.asarray(results[0]), rtol=0, atol=1e-6)
+
+
+def _whiles(compiled_text: str) -> int:
+    return len(re.findall(r"\swhile\(", compiled_text))
+
+
+def test_a_gradient_alone_does_not_run_the_steps_after_the_iterate_settled():
+    """The derivative is read at the settled iterate, so a compiled gradient
+    has no loop for the steps after it (XLA drops the unused results), while
+    value_and_grad still runs them for the value."""
+    a, theta, c = _problem(jnp.float32)
+    cap = 400
+    new = jaxpr_cc.run_passes(jaxpr_cc.trace(_floor_loop(cap, c), a, theta), "implicit-diff")
+    grad_only = jax.jit(jax.grad(new, argnums=1)).lower(a, theta).compile().as_text()
+    with_value = jax.jit(jax.value_and_grad(new, argnums=1)).lower(a, theta).compile().as_text()
+    assert _whiles(with_value) == _whiles(grad_only) + 1
+    value, grad = jax.jit(jax.value_and_grad(new, argnums=1))(a, theta)
+    np.testing.assert_array_equal(np.asarray(value), np.asarray(jax.jit(_floor_loop(cap, c))(a, theta)))
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(jax.jit(jax.grad(new, argnums=1))(a, theta)),
+                               rtol=1e-6)
 
 
 def test_a_small_leaf_still_moving_keeps_the_probe_on():
@@ -275,3 +303,65 @@ def test_the_rate_at_the_fixed_point_is_measured_there(f, arg):
     for got in (jax.jacfwd(new)(arg), jax.grad(new)(arg)):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4,
                                    atol=1e-4 * float(np.max(np.abs(want))))
+
+
+def test_the_start_term_takes_the_loops_own_count():
+    """Adversary (stop 35): a start the parameter moves steeply (``x0 = 1 +
+    1e12 theta``) keeps its part ``J^K t_0`` of the loop's derivative, K the
+    loop's own step count -- not the count where the derivative is read (0.5^43
+    1e12 = 0.11 was added)."""
+    def loss(theta):
+        def keep_going(c):
+            return jnp.max(jnp.abs(c[0] - c[1])) > 0.0
+
+        def advance(c):
+            return 0.5 * c[0] + theta, c[0]
+
+        x0 = 1.0 + 1e12 * theta
+        x, _ = lax.while_loop(keep_going, advance, (x0, x0 + 1.0))
+        return jnp.sum(x)
+
+    theta = jnp.zeros(3, jnp.float32)
+    new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, theta), "implicit-diff")
+    want = jax.jacfwd(loss)(theta)       # JAX's forward mode through the loop
+    for got in (jax.grad(new)(theta), jax.jit(jax.grad(new))(theta),
+                jax.value_and_grad(new)(theta)[1], jax.jacfwd(new)(theta)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4)
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["float32", "float64"])
+def test_an_iterate_that_moves_again_after_settling_has_its_rate_measured_at_x_star(x64):
+    """Adversary (stop 35): a non-normal ``x <- J x + theta`` started so its
+    first step is at rounding level, after which J's transient makes the steps
+    grow for about 100 steps.  The rate segment began at that first step and
+    summed every growth until the iterate settled again, read as J's rate: 0.5
+    for 0.95, which certified the derivative early.  The segment now restarts
+    when the iterate moves; the derivative is the loop's."""
+    with jax.enable_x64(x64):
+        dtype = jnp.float64 if x64 else jnp.float32
+        j = np.array([[0.95, 300.0], [0.0, 0.95]])
+        start = jnp.asarray(np.linalg.solve(j - np.eye(2), np.array([0.0, 1e-7])), dtype)
+        jj = jnp.asarray(j, dtype)
+
+        def loss(theta):
+            def keep_going(s):
+                x, y, xp, yp, k = s
+                change = jnp.maximum(jnp.max(jnp.abs(x - xp)), jnp.abs(y - yp))
+                return (change > 0.0) & (k < 400)
+
+            def advance(s):
+                x, y, _, _, k = s
+                # y: a large leaf at its fixed point, which sets the iterate's scale.
+                return jj @ x + theta, 0.5 * y + 500.0, x, y, k + 1
+
+            x0 = start + 1000.0 * theta
+            init = (x0, jnp.asarray(1000.0, dtype), x0 + 1.0, jnp.asarray(0.0, dtype), 0)
+            return lax.while_loop(keep_going, advance, init)[0]
+
+        theta = jnp.zeros(2, dtype)
+        new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, theta), "implicit-diff")
+        want = np.asarray(jax.jacfwd(loss)(theta))
+        rtol = 1e-8 if x64 else 1e-4
+        for got in (jax.jacfwd(new)(theta), jax.jacrev(new)(theta)):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=rtol,
+                                       atol=rtol * np.abs(want).max())

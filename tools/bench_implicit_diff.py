@@ -24,6 +24,12 @@ rewrites the loop into a custom_jvp whose tangent is a ``custom_linear_solve``;
 the gradient transposes it, so the adjoint solve is the transposed solve
 (``adjoint=auto``: dense up to 64 state elements; above, the transposed
 iteration when the measured contraction rate is at most 0.5, else BiCGStab).
+The derivative is read at the first settled iterate where the run-time
+certificate holds, so a gradient alone (as here) does not run the loop's
+later steps, which repeat the fixed point (the loop's float32 steps never
+reach 0 here, so it runs to N): its time is nearly flat in N.  A
+``value_and_grad`` still runs them for the value; the last column (context,
+no target) is implicit/jaxopt for ``value_and_grad``.
 
     .venv/bin/python tools/bench_implicit_diff.py [--iters 100,1000,10000] [--adjoint auto]
 """
@@ -133,7 +139,7 @@ def main() -> None:
           f"implicit-diff{{adjoint={opts.adjoint}}}")
     head = (f"{'N':>6} {'implicit ms':>12} {'unrolled ms':>12} {'jaxopt ms':>10} "
             f"{'impl/unroll':>12} {'impl/jaxopt':>12} {'impl MB':>9} {'unroll MB':>10} "
-            f"{'jaxopt MB':>10} {'jvp/loop':>9}")
+            f"{'jaxopt MB':>10} {'jvp/loop':>9} {'v&g impl/jaxopt':>16}")
     print(head)
     verdict = None
     for iters in [int(n) for n in opts.iters.split(",")]:
@@ -150,8 +156,12 @@ def main() -> None:
         forward = {name: jax.jit(lambda a, th, fn=fn: jax.jvp(lambda th: fn(a, th), (th,),
                                                                 (direction,))[1])
                    for name, fn in [("implicit", rewritten), ("loop", while_loss(iters, c))]}
-        times = best_times({**compiled, **{f"jvp {k}": v for k, v in forward.items()}},
-                           (a, theta), opts.repeat)
+        with_value = {"v&g implicit": jax.jit(jax.value_and_grad(rewritten, argnums=(0, 1)))}
+        if have_jaxopt:
+            with_value["v&g jaxopt"] = jax.jit(jax.value_and_grad(jaxopt_loss(iters, c),
+                                                                  argnums=(0, 1)))
+        times = best_times({**compiled, **{f"jvp {k}": v for k, v in forward.items()},
+                            **with_value}, (a, theta), opts.repeat)
         jvp_ratio = times["jvp implicit"] / times["jvp loop"]
         g_imp, g_unr = compiled["implicit"](a, theta), compiled["unrolled"](a, theta)
         g_opt = compiled["jaxopt"](a, theta) if have_jaxopt else None
@@ -167,11 +177,13 @@ def main() -> None:
                         raise SystemExit(f"N={iters}: implicit and {name} gradients differ "
                                          f"(max abs difference {err:.3g})")
         opt_ms = f"{t_opt * 1e3:>10.2f}" if have_jaxopt else f"{'-':>10}"
+        vg_ratio = (f"{times['v&g implicit'] / times['v&g jaxopt']:>16.3f}" if have_jaxopt
+                    else f"{'-':>16}")
         ratio_opt = f"{t_imp / t_opt:>12.3f}" if have_jaxopt else f"{'-':>12}"
         opt_mb = f"{m_opt / 1e6:>10.3f}" if have_jaxopt else f"{'-':>10}"
         print(f"{iters:>6} {t_imp * 1e3:>12.2f} {t_unr * 1e3:>12.2f} {opt_ms} "
               f"{t_imp / t_unr:>12.3f} {ratio_opt} {m_imp / 1e6:>9.3f} {m_unr / 1e6:>10.3f} {opt_mb} "
-              f"{jvp_ratio:>9.3f}")
+              f"{jvp_ratio:>9.3f} {vg_ratio}")
         if iters == 1000:
             verdict = (t_imp / t_unr <= 0.4, t_imp / t_opt < 1.0 if have_jaxopt else None)
     print("targets: impl/unroll <= 0.4 at N=1000, impl/jaxopt < 1, implicit MB flat in N")

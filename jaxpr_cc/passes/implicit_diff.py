@@ -426,8 +426,10 @@ def _counting_loop(loop: FixedPointLoop, op_avals, name: str):
 
 def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     """The counting loop that also runs a probe of the loop's tangent map:
-    ``(operands) -> (results..., count, path)``, ``path`` the pieces of the
-    bound ``_path_bound`` forms (it needs the rate at ``x*``).
+    ``(operands) -> (results..., count, read_at..., read_count, path)``: the
+    loop's results and step count, the carries and count where the derivative
+    is read (below), and ``path``, the pieces of the bound ``_path_bound``
+    forms (it needs the rate at ``x*``).
 
     The loop's tangent follows ``t_(k+1) = J_k t_k + b_k`` with ``J_k``, ``b_k``
     at the iterate ``x_k``; its gap to ``t*`` (the implicit tangent at ``x*``) is
@@ -449,14 +451,18 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     ``1 + max |x|``).  It then restarts for one last segment of
     ``RATE_STEPS`` steps at the settled iterate: a power iteration at ``x*``
     whose second half gives the certificate J's rate (one carried along the
-    path can have lost a mode at any step).  From there
-    the loop runs as written, counting its steps (a loop run to a tolerance at
-    the rounding floor, or to an iteration cap long after it converged, spends
-    most of its steps there): its iterates are ``x*`` to rounding, so its
+    path can have lost a mode at any step).  From there the loop runs as
+    written, counting its steps: its iterates are ``x*`` to rounding, so its
     Jacobians are ``J*``, whose rate the certificate measures, and its steps
     are bounded by the settled one's size (``_path_bound``; the distance it
-    drifts is checked).  A vmapped loop probes every step (its elements
-    settle at different steps)."""
+    drifts is checked).  Each such step shrinks the bounds on the tangent's
+    gap by the rate; once they are met (``_bounds_met``), the derivative is
+    read at that iterate and count (``read_at``, ``read_count``), and the rest
+    of the loop makes its results only.  A loop run to a tolerance at the
+    rounding floor, or to an iteration cap long after it converged, spends
+    most of its steps there, and a gradient alone never runs them (XLA drops
+    the unused loop).  A vmapped loop probes every step (its elements settle
+    at different steps), and its derivative is read at its results."""
     cond_n, body_n = loop.cond_n, loop.body_n
     test_shape = loop.cond_jaxpr.outvars[0].aval.shape
     state = list(loop.state)
@@ -490,7 +496,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             # The probe restarts from its start vector every RATE_STEPS steps: a
             # mode some J_k annihilated (J_yy = 0 at the start) is excited again,
             # so later growth in it is measured.
-            fresh = (since == RATE_STEPS) & ~measuring
+            fresh = (since >= RATE_STEPS) & ~measuring
             v = [jnp.where(fresh, v0, vi) for vi, v0 in zip(v, v_start)]
             since = jnp.where(fresh, 0, since)
             late = jnp.where(fresh, 0.0, late)
@@ -531,7 +537,11 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             settled = functools.reduce(jnp.logical_and, [
                 m[0] <= SETTLED_ULPS * u * (1.0 + m[1]) for m, u in zip(steps_and_sizes, ulps)])
             # Once settled, the probe restarts for one last segment: a power
-            # iteration at x* (to rounding), whose rate the certificate uses.
+            # iteration at x* (to rounding), whose rate the certificate uses.  An
+            # iterate that moves again (a non-normal J's transient after a step at
+            # rounding level) ends the segment: its growths are not J*'s, and the
+            # next settled step starts a new one.
+            measuring = measuring & settled
             start = settled & ~measuring & settle
             v = [jnp.where(start, v0, vi) for vi, v0 in zip(v, v_start)]
             since = jnp.where(start, 0, since)
@@ -545,27 +555,49 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         minus_inf = jnp.float32(-jnp.inf)
         init = (carry0, jnp.zeros(test_shape, jnp.int32), v, jnp.float32(0.0), minus_inf,
                 minus_inf, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False), jnp.bool_(False))
-        carries, count, _, log_g, log_h, log_w, late, since, measuring, _ = lax.while_loop(
+        settled, count, _, log_g, log_h, log_w, late, since, measuring, _ = lax.while_loop(
             lambda c: jnp.any(test(c[0])) & ~c[-1], step, init)
-        settled_at = [carries[i] for i in state]
-        rest = jnp.zeros(test_shape, jnp.int32)
-        if settle:
-            def plain(c):
-                return [*jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *c[:-1]), c[-1] + 1]
-            *carries, rest = lax.while_loop(lambda c: test(c[:-1]), plain, [*carries, rest])
-        x_end = [carries[i] for i in state]
-        scale = 1.0 + _largest(x_end)
-        drift = _largest([a - b for a, b in zip(x_end, settled_at)])
+        settled_at = [settled[i] for i in state]
         # J's rate at x* as the segment measured after the iterate settled; NaN
         # when the loop stopped before that segment was complete (the
         # certificate then runs its own power iteration at x*).
         log_rate = jnp.where(measuring & (since >= RATE_STEPS), late / (RATE_STEPS - half),
                              jnp.nan)
+        sigma = jnp.float32(SETTLED_ULPS * ulp)
+
+        def path_at(x_now, steps_after, drift):
+            scale = 1.0 + _largest(x_now)
+            return jnp.stack([log_g, log_h, log_w - jnp.log(scale), log_rate,
+                              steps_after.astype(jnp.float32), sigma, drift / scale])
+
+        def plain(c):
+            return [*jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *c[:-1]), c[-1] + 1]
+
+        carries, after = list(settled), jnp.zeros(test_shape, jnp.int32)
+        if settle:
+            # The settled iterates run on, unprobed, only until the certificate's
+            # bounds (which shrink with each step at x*) are met: the derivative
+            # is read there.  The loop's remaining steps make its results alone,
+            # so a program using only the derivative (a gradient) never runs them.
+            rate = RATE_MARGIN * jnp.exp(log_rate)
+            travelled = _travelled([carry0[i] for i in state], settled_at)
+
+            def certain(c):
+                steps_after = c[-1]
+                return _bounds_met(path_at(settled_at, steps_after, jnp.float32(0.0)), rate,
+                                   count + steps_after, travelled)
+
+            *carries, after = lax.while_loop(lambda c: test(c[:-1]) & ~certain(c), plain,
+                                             [*carries, after])
+        x_read = [carries[i] for i in state]
+        path = path_at(x_read, jnp.min(after),
+                       _largest([a - b for a, b in zip(x_read, settled_at)]))
+        read_at, read_count = list(carries), count + after
+        rest = jnp.zeros(test_shape, jnp.int32)
+        if settle:
+            *carries, rest = lax.while_loop(lambda c: test(c[:-1]), plain, [*carries, rest])
         assert len(carries) == n_carry
-        path = jnp.stack([log_g, log_h, log_w - jnp.log(scale), log_rate,
-                          jnp.min(rest).astype(jnp.float32), jnp.float32(SETTLED_ULPS * ulp),
-                          drift / scale])
-        return [*carries, count + rest, path.astype(jnp.float32)]
+        return [*carries, read_count + rest, *read_at, read_count, path.astype(jnp.float32)]
 
     return _closed(probing, op_avals, name)
 
@@ -650,14 +682,27 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
         def jvp(*args, primal=primal, outermost=outermost):
             ops, t_ops = list(args[:len(op_avals)]), list(args[len(op_avals):])
             outs = list(primal(*ops))
-            results, count, path = outs[:-2], outs[-2], outs[-1]
-            tangents = tangent(ops, results, count, path, t_ops)
+            n = loop.n_carry
+            results, count = outs[:n], outs[n]
+            read_at, read_count, path = outs[n + 1:2 * n + 1], outs[2 * n + 1], outs[-1]
+            # The derivative is read where the probing loop certified it, never at
+            # the results: a program using only derivatives does not run the
+            # loop's later steps.
+            # (The dense adjoint's start term J^K t_0 takes the loop's own count K
+            # when the program's inputs may move the start: a start the parameter
+            # moves steeply keeps that part exactly.  A fixed start's term is
+            # within the certificate's bound at either count.)
+            tangents = tangent(ops, read_at, read_count, path, t_ops,
+                               count if start_may_move else read_count)
             if outermost:
                 return [*results, count, *tangents]
-            # The bound is not differentiated: a zero tangent, linear in the inputs'.
+            # The carries the derivative is read at have the results' tangents
+            # (both are x* to rounding); the bound is not differentiated: a zero
+            # tangent, linear in the inputs'.
             link = functools.reduce(jnp.add, [0.0 * jnp.sum(t).astype(jnp.float32)
                                               for t in t_ops], jnp.float32(0.0))
-            return [*results, count, path, *tangents, jnp.zeros_like(path) + link]
+            return [*results, count, *read_at, read_count, path, *tangents, *tangents,
+                    jnp.zeros_like(path) + link]
 
         jvp_closed = _closed(jvp, [*op_avals, *t_avals], f"{info.name}_jvp")
         rule = JVPRule(info=info, call=call if outermost else probing, jvp=jvp_closed,
@@ -734,6 +779,8 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
         certified = _never(certified)
 
     def implicit(ops, outs, count, t_ops, ok, rate):
+        # (``count``: the loop's own step count K, which the start's term J^K t_0
+        # needs exactly.)
         it = iter(t_ops)
         t_of = {j: next(it) for j, inexact in enumerate(op_inexact) if inexact}
         theta_vals = [ops[j] for j in theta_ops]
@@ -788,9 +835,9 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
                 result.append(jnp.zeros(aval.shape, aval.dtype))
         return result
 
-    def tangent(ops, outs, count, path, t_ops):
+    def tangent(ops, outs, count, path, t_ops, loop_count):
         if not t_ops:
-            return implicit(ops, outs, count, t_ops, jnp.bool_(True), jnp.float32(1.0))
+            return implicit(ops, outs, loop_count, t_ops, jnp.bool_(True), jnp.float32(1.0))
         ok, rate = certified(ops, outs, count, path)
         # Each derivative gets the tangents only where it is chosen (and masks its
         # output): no tangent passes through a lax.cond, whose batched form (a
@@ -799,7 +846,7 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
         # loop that did not converge) never reach the other.
         t_imp = [jnp.where(ok, t, jnp.zeros_like(t)) for t in t_ops]
         t_fb = [jnp.where(ok, jnp.zeros_like(t), t) for t in t_ops]
-        near = implicit(ops, outs, count, t_imp, ok, rate)
+        near = implicit(ops, outs, loop_count, t_imp, ok, rate)
         loop_own = fallback(ops, t_fb, ok)
         return [jnp.where(ok, a, b) for a, b in zip(near, loop_own)]
 
@@ -895,10 +942,6 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
     cond_n, body_n = loop.cond_n, loop.body_n
     still_moving = convergence_only(loop)
 
-    def largest(xs):
-        return functools.reduce(jnp.maximum, [jnp.max(jnp.abs(x), initial=0.0)
-                                              .astype(jnp.float32) for x in xs])
-
     def certified(ops, outs, count, path):
         cond_consts = ops[:cond_n]
         (ran,) = jx.eval_jaxpr(loop.cond_jaxpr, (), *cond_consts, *ops[cond_n + body_n:])
@@ -907,8 +950,8 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
         x_now = [outs[i] for i in loop.state]
         if not x_now:
             return ok, jnp.float32(1.0)
-        residual = largest([fx - x for fx, x in zip(f_eval(theta_vals, x_now), x_now)])
-        scale = 1.0 + largest(x_now)
+        residual = _largest([fx - x for fx, x in zip(f_eval(theta_vals, x_now), x_now)])
+        scale = 1.0 + _largest(x_now)
         eps = max(float(jnp.finfo(jnp.result_type(x)).eps) for x in x_now)
         if not loop.forced:
             # The loop's own test without its cap, on the carries it stopped with
@@ -926,29 +969,45 @@ def _certificate(loop: FixedPointLoop, f_eval, theta_ops, op_avals):
         rate = lax.cond(jnp.isnan(probe_log_rate),
                         lambda: _rate_estimate(lambda xs: f_eval(theta_vals, xs), x_now),
                         lambda: RATE_MARGIN * jnp.exp(probe_log_rate))
-        path = _path_bound(path, rate)
         ok = ok & (rate < 1.0)
         distance = residual / jnp.maximum(1.0 - rate, 1e-30)
         ok = ok & (distance <= jnp.maximum(FIXED_POINT_RTOL, 64.0 * eps) * scale)
-        # The gap between the loop's tangent and t* (see TANGENT_RTOL), in logs,
-        # bounded with the Jacobians at the iterates the loop visited (the probe
-        # of _probing_loop), not extrapolated from J at x*: a path through
-        # regions where |df/dx| is far above its final rate keeps the loop's own
-        # derivative.
-        ok = ok & (path + float(np.log(PATH_MARGIN)) <= float(np.log(TANGENT_RTOL)))
-        # The start's part with every J_k taken as J at x*, at the rate the power
-        # iteration measured there (s^K times the distance travelled): a slow
-        # mode the path's random probe barely meets (its component there is
-        # about 1/sqrt(n)) still counts.
-        steps = jnp.maximum(jnp.min(jnp.asarray(count)), 1).astype(jnp.float32)
+        # The gap between the loop's tangent and t* (see TANGENT_RTOL), bounded
+        # with the Jacobians at the iterates the loop visited (the probe of
+        # _probing_loop), not extrapolated from J at x*: a path through regions
+        # where |df/dx| is far above its final rate keeps the loop's own
+        # derivative.  And the start's part with every J_k taken as J at x*, at
+        # the rate the power iteration measured there: a slow mode the path's
+        # random probe barely meets (its component there is about 1/sqrt(n))
+        # still counts.
         x_init = [ops[loop.carry_operand(i)] for i in loop.state]
-        travelled = largest([a.astype(jnp.float32) - b.astype(jnp.float32)
-                             for a, b in zip(x_init, x_now)]) / scale
-        at_x_star = (steps * jnp.log(jnp.maximum(rate, 1e-30))
-                     + jnp.log(jnp.maximum(travelled, 1.0)))
-        return ok & (at_x_star <= float(np.log(TANGENT_RTOL))), rate
+        return ok & _bounds_met(path, rate, count, _travelled(x_init, x_now)), rate
 
     return certified
+
+
+def _travelled(x_init, x_now):
+    """How far the iterate moved from its start, relative to its scale."""
+    scale = 1.0 + _largest(x_now)
+    return _largest([a.astype(jnp.float32) - b.astype(jnp.float32)
+                     for a, b in zip(x_init, x_now)]) / scale
+
+
+def _start_bound(count, rate, travelled):
+    """``log`` of the start's part of the tangent's gap, ``s^K max(1,
+    travelled)``, every ``J_k`` taken as J at ``x*`` (``count``: K, per element
+    of a vmapped loop)."""
+    steps = jnp.maximum(jnp.min(jnp.asarray(count)), 1).astype(jnp.float32)
+    return steps * jnp.log(jnp.maximum(rate, 1e-30)) + jnp.log(jnp.maximum(travelled, 1.0))
+
+
+def _bounds_met(path, rate, count, travelled):
+    """Whether the certificate's two bounds on the tangent's gap (the path's,
+    ``_path_bound``, and the start's, ``_start_bound``) are within
+    ``TANGENT_RTOL``; false while ``rate`` is NaN or at least 1."""
+    limit = float(np.log(TANGENT_RTOL))
+    return ((_path_bound(path, rate) + float(np.log(PATH_MARGIN)) <= limit)
+            & (_start_bound(count, rate, travelled) <= limit))
 
 
 def _rate_estimate(f, x_star) -> jax.Array:
