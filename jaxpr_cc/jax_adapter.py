@@ -582,22 +582,25 @@ _JAX_LINEAR_CALL_TRANSPOSE = _lc_ad.primitive_transposes.get(linear_call_p)
 
 class _BatchedTransposeThunk:
     """The transpose of a batched ``linear_call``: the original transpose jaxpr,
-    batched like the callee (residuals as given, cotangents at axis 0), built on
+    batched like the callee (residuals at their axes, cotangents at the callee's
+    output axes, the linear inputs' cotangents at those inputs' axes), built on
     first use and kept.  A batched map is block diagonal, so this is exactly the
     transpose of the batched callee."""
 
-    def __init__(self, thunk, axis_data, res_batched, n_out):
+    def __init__(self, thunk, axis_data, res_axes, out_axes, lin_axes):
         self._thunk = thunk
         self._axis_data = axis_data
-        self._res_batched = tuple(res_batched)
-        self._n_out = n_out
+        self._res_axes = tuple(res_axes)
+        self._out_axes = tuple(out_axes)
+        self._lin_axes = tuple(lin_axes)
         self._built = None
 
     def __call__(self):
         if self._built is None:
             transpose, t_consts = self._thunk()
-            in_batched = [False] * len(t_consts) + list(self._res_batched) + [True] * self._n_out
-            batched, _ = _lc_batching.batch_jaxpr(transpose, self._axis_data, in_batched, True)
+            in_axes = [None] * len(t_consts) + list(self._res_axes) + list(self._out_axes)
+            batched, _ = _lc_batching.batch_jaxpr_axes(transpose, self._axis_data, in_axes,
+                                                       list(self._lin_axes))
             self._built = (_literal_consts(batched), t_consts)
         return self._built
 
@@ -608,7 +611,8 @@ class _BatchedTransposeThunk:
         chosen = pick(pattern) if pick is not None else self._thunk
         if chosen is self._thunk:
             return self
-        return _BatchedTransposeThunk(chosen, self._axis_data, self._res_batched, self._n_out)
+        return _BatchedTransposeThunk(chosen, self._axis_data, self._res_axes, self._out_axes,
+                                      self._lin_axes)
 
 
 def _linear_call_batcher(axis_data, args, dims, *, callee, transpose_thunk, num_callee_consts,
@@ -618,24 +622,66 @@ def _linear_call_batcher(axis_data, args, dims, *, callee, transpose_thunk, num_
     if all(d is None for d in dims):
         outs = linear_call_p.bind(*args, callee=callee, transpose_thunk=transpose_thunk, **params)
         return outs, [None] * len(outs)
-    moved = []
+    ops, in_axes = [], []
     for i, (x, d) in enumerate(zip(args, dims)):
-        if d is not None:
-            x = _lc_batching.moveaxis(x, d, 0)
-        elif i >= n_lead:
+        if d is None and i >= n_lead:
             # Unbatched linear operands are broadcast so that every linear input of
-            # the batched callee is batched: its transpose then returns cotangents
-            # at axis 0 for all of them (the broadcast's own transpose sums them).
+            # the batched callee is batched: its transpose then returns batched
+            # cotangents for all of them (the broadcast's own transpose sums them).
             x = _lc_batching.broadcast(x, axis_data.size, 0, axis_data.explicit_mesh_axis)
-        moved.append(x)
-    lead_batched = [d is not None for d in dims[:n_lead]]
-    in_batched = lead_batched + [True] * (len(args) - n_lead)
-    batched_callee = _literal_consts(
-        _lc_batching.batch_jaxpr(callee, axis_data, in_batched, True)[0])
-    thunk = _BatchedTransposeThunk(transpose_thunk, axis_data, lead_batched[num_callee_consts:],
-                                   len(callee.out_avals))
-    outs = linear_call_p.bind(*moved, callee=batched_callee, transpose_thunk=thunk, **params)
-    return outs, [0] * len(outs)
+            d = 0
+        ops.append(x)
+        in_axes.append(d)
+    # Operands stay where they are batched and results come out where the callee
+    # puts them (a matrix-vector product batches its vector's axis last): no
+    # transposes around the call that the plain code's batching would not have.
+    batched_callee, out_axes = _lc_batching.batch_jaxpr2(callee, axis_data, tuple(in_axes))
+    if any(a is None for a in out_axes):
+        out_axes = tuple(0 if a is None else a for a in out_axes)
+        batched_callee, _ = _lc_batching.batch_jaxpr_axes(callee, axis_data, in_axes, out_axes)
+    thunk = _BatchedTransposeThunk(transpose_thunk, axis_data, in_axes[num_callee_consts:n_lead],
+                                   out_axes, in_axes[n_lead:])
+    outs = linear_call_p.bind(*ops, callee=_literal_consts(batched_callee), transpose_thunk=thunk,
+                              **params)
+    return outs, list(out_axes)
+
+
+def vectors_as_rhs(jaxpr):
+    """``jaxpr`` with each ``dot_general`` whose lhs has no free dimensions (a
+    vector contracted whole: ``t @ W.T``, as JAX's transposes write ``W.T @ g``)
+    written with its operands swapped (``W`` against ``t``): the same result,
+    element for element and in the same layout.  A swapped matrix that is a
+    ``transpose`` with one free dimension is read through it (the dimension
+    numbers permuted), as plain code's ``W @ t`` reads ``W``.  Batched, the
+    vector's batch axis is then a free dimension of the rhs and the product is
+    the one plain code's forward mode forms, which XLA lays out alike (a
+    ``jacfwd`` through it needs no transpose of its result)."""
+    producer = {}
+    eqns = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is jax.lax.dot_general_p:
+            (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+            lhs, rhs = eqn.invars
+            lhs_free = len(lhs.aval.shape) - len(lc) - len(lb)
+            rhs_free = len(rhs.aval.shape) - len(rc) - len(rb)
+            if lhs_free == 0 and rhs_free > 0 and not isinstance(lhs, Literal):
+                matrix, mc, mb = rhs, tuple(rc), tuple(rb)
+                made = producer.get(matrix) if not isinstance(matrix, Literal) else None
+                if made is not None and made.primitive is jax.lax.transpose_p and rhs_free == 1:
+                    perm = made.params["permutation"]
+                    matrix, mc, mb = (made.invars[0], tuple(perm[d] for d in mc),
+                                      tuple(perm[d] for d in mb))
+                params = dict(eqn.params, dimension_numbers=((mc, lc), (mb, lb)))
+                precision = params.get("precision")
+                if isinstance(precision, tuple):
+                    params["precision"] = precision[::-1]
+                eqn = eqn.replace(invars=[matrix, lhs], params=params)
+        for var in eqn.outvars:
+            producer[var] = eqn
+        eqns.append(eqn)
+    out = jaxpr.replace(eqns=eqns)
+    # A transpose read through is dead now.
+    return dce_jaxpr(out, [True] * len(out.outvars), instantiate=True)[0]
 
 
 def _literal_consts(closed: ClosedJaxpr) -> ClosedJaxpr:
@@ -677,7 +723,7 @@ def _linear_call_jvp(primals, tangents, *, callee, transpose_thunk, num_callee_c
         return _core.eval_jaxpr(callee.jaxpr, callee.consts, *full, *lin)
 
     lin_t = tangents[n_lead:]
-    if any(type(t) is not _lc_ad.Zero for t in lin_t) and not _refuses_forward_mode(callee):
+    if any(type(t) is not _lc_ad.Zero for t in lin_t) and not refuses_forward_mode(callee):
         # Both: one linear_call of the joint derivative (so the callee's work is
         # done once for both tangents, as plain code's jvp would), transposed by
         # the custom transpose for the linear operands (issue 17).
@@ -763,7 +809,7 @@ def _linear_call_transpose(cts, *args, callee, transpose_thunk, num_callee_const
         params["transpose_thunk"] = transpose_thunk
     lin = args[n_lead:]
     known = [not _lc_ad.is_undefined_primal(x) for x in lin]
-    if _refuses_forward_mode(callee):
+    if refuses_forward_mode(callee):
         return _reverse_only_transpose(cts, args, known, transpose_thunk, n_lead, num_res)
     if not any(known):
         return _transpose_linear_call(cts, *args, **params)
@@ -1019,7 +1065,9 @@ def refuse_forward_mode(operands, out_avals, message: str):
         out_dtypes=tuple(_np.dtype(a.dtype) for a in out_avals), **extra)
 
 
-def _refuses_forward_mode(callee) -> bool:
+def refuses_forward_mode(callee) -> bool:
+    """True for a ``linear_call`` callee standing in for a rule that has no
+    forward mode (it raises when evaluated)."""
     return any(e.primitive is forward_mode_refused_p for e in callee.jaxpr.eqns)
 
 

@@ -18,6 +18,7 @@ follows the rule's ``closed_over`` policy (see ``const_mode``).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -806,7 +807,15 @@ def build_custom_jvp(rule: JVPRule):
             if chosen is None and rule.pattern_rules is not None:
                 chosen = rule.pattern_rules.get(pattern, const_avals)  # traced now if new
             chosen = chosen if chosen is not None else rule.jvp
-            res = run(chosen, *consts, *args, *dense)
+            if info.written_as == "vjp":
+                # A custom_vjp rewritten for forward mode: its tangent map is a
+                # linear_call of the transposed bwd, which JAX's symbolic zeros
+                # reach (the unperturbed arguments' terms are never formed).
+                inexact_t = [t for t, a in zip(t_args, arg_avals) if is_inexact(a)]
+                sym = [None if type(t) is SymbolicZero else d for t, d in zip(inexact_t, dense)]
+                res = run_with_symbolic_zeros(chosen, [*consts, *args, *sym])
+            else:
+                res = run(chosen, *consts, *args, *dense)
             # The tangents as the rule returned them: a dense zero stays dense, as
             # JAX passes it on (a rule downstream may read it as perturbed), and a
             # symbolic zero stays symbolic.
@@ -876,6 +885,84 @@ class _TransposeThunk:
             return self
         return _TransposeThunk(LinearRule(info=rule.info, callee=rule.callee, transpose=chosen,
                                           num_res=rule.num_res))
+
+
+#: rule -> {kept linear inputs: the rule restricted to them} (restricted_linear_rule).
+_RESTRICTED: "weakref.WeakKeyDictionary[LinearRule, dict]" = weakref.WeakKeyDictionary()
+
+
+def restricted_linear_rule(rule: LinearRule, keep: tuple) -> LinearRule | None:
+    """``rule``'s linear map restricted to the linear inputs ``keep`` marks, the
+    others being symbolic zeros: its transpose is the rule's transpose giving
+    cotangents for those inputs only, and its callee that transpose's transpose
+    (so the terms of the zero inputs are never formed, as JAX's own symbolic
+    zeros would leave them out).  None when the rule picks its transpose per
+    cotangent pattern (a symbolic-zeros custom_vjp's bwd), whose variants the
+    restriction would have to follow too, when it refuses forward mode (its
+    refusal is the answer), and when its transpose is not linear."""
+    if rule.transpose_variants or rule.pattern_rules is not None or \
+            jx.refuses_forward_mode(body(rule.callee)):
+        return None
+    made = _RESTRICTED.setdefault(rule, {})
+    if keep not in made:
+        from .transpose import NotTransposableError, transpose_linear
+        transpose = body(rule.transpose)
+        kept, _ = jx.dce_jaxpr(transpose.jaxpr, list(keep), instantiate=True)
+        kept = jx.ClosedJaxpr(kept, transpose.consts)
+        n_ct = len(kept.in_avals) - rule.num_res
+        try:
+            callee = transpose_linear(kept, [False] * rule.num_res + [True] * n_ct,
+                                      what=f"the transpose of rule '{rule.info.name}'",
+                                      linear_name="its cotangent")
+        except NotTransposableError:
+            # A callee that is not the transpose's transpose (a bwd that is not
+            # linear, whose forward mode is the primal's jvp): used as it is.
+            callee = None
+        made[keep] = None if callee is None else LinearRule(
+            info=rule.info, callee=callee, transpose=kept, num_res=rule.num_res)
+    return made[keep]
+
+
+def run_with_symbolic_zeros(closed, args):
+    """``run`` with ``None`` for symbolic-zero inputs: a ``linear_call`` of a
+    first-order rule whose linear operands include such zeros is bound
+    restricted to the others (``restricted_linear_rule``); elsewhere the zeros
+    are made dense.  Outputs are values (a linear_call whose linear operands are
+    all zero gives zeros)."""
+    closed = body(closed)
+    j = closed.jaxpr
+    env = {}
+
+    def read(v):
+        return v.val if isinstance(v, jx.Literal) else env[v]
+
+    for var, val in zip(j.constvars, closed.consts):
+        env[var] = val
+    for var, val in zip(j.invars, args):
+        env[var] = val
+    for eqn in j.eqns:
+        invals = [read(v) for v in eqn.invars]
+        outs = None
+        if any(v is None for v in invals) and eqn.primitive.name == "linear_call":
+            rule = rule_of(eqn.params, "linear_call")
+            n_lead = eqn.params["num_callee_consts"] + eqn.params["num_res"]
+            lead, lin = invals[:n_lead], invals[n_lead:]
+            if rule is not None and eqn.params["num_callee_consts"] == 0 and \
+                    all(v is not None for v in lead):
+                keep = tuple(v is not None for v in lin)
+                if not any(keep):
+                    outs = [None] * len(eqn.outvars)
+                else:
+                    restricted = restricted_linear_rule(rule, keep)
+                    if restricted is not None:
+                        outs = bind_linear_rule(restricted,
+                                                [*lead, *[v for v in lin if v is not None]])
+        if outs is None:
+            invals = [_zeros(v.aval) if x is None else x for x, v in zip(invals, eqn.invars)]
+            outs = jx.eval_equation(eqn, invals)
+        for var, val in zip(eqn.outvars, outs):
+            env[var] = val
+    return [_zeros(v.aval) if read(v) is None else read(v) for v in j.outvars]
 
 
 def bind_linear_rule(rule: LinearRule, operands):

@@ -147,7 +147,7 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
             raise NotTransposableError(f"{what}: its transpose captured {len(consts)} array "
                                        f"constants; rule regions must be constant-free")
         jaxpr = inlined
-    return ClosedJaxpr(jaxpr, [])
+    return ClosedJaxpr(jx.vectors_as_rhs(jaxpr), [])
 
 
 def _example(aval) -> jax.ShapeDtypeStruct:
