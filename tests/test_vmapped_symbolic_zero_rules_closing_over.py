@@ -134,3 +134,45 @@ def test_a_pattern_dependent_rule_sees_the_pattern_jax_gives(program):
     for ours in (jaxpr_cc.trace(program, W, XS), jaxpr_cc.jit(program)):
         np.testing.assert_allclose(jax.grad(ours)(W, XS), want, rtol=1e-5)
     np.testing.assert_allclose(jaxpr_cc.jit(jax.grad(program))(W, XS), want, rtol=1e-5)
+
+
+def _three_input_rule(c, n_out):
+    """A symbolic-zeros custom_vjp of three inputs and ``n_out`` outputs closing
+    over ``c``: 3 x 7 or 7 x 7 (fwd x cotangent) patterns, beyond the old budget
+    of 16 traced with the program."""
+    @jax.custom_vjp
+    def f(x, y, z):
+        return (x * y * c, x + z, y * z)[:n_out]
+
+    def fwd(x, y, z):
+        return f(x.value, y.value, z.value), (x.value, y.value, z.value)
+
+    def bwd(r, cts):
+        x, y, z = r
+        cts = [jnp.zeros_like(x) if isinstance(t, SymbolicZero) else t for t in cts]
+        cts += [jnp.zeros_like(x)] * (3 - len(cts))
+        a, b, d = cts
+        return (a * y * c + b, a * x * c + d * z, b + d * y)
+
+    f.defvjp(fwd, bwd, symbolic_zeros=True)
+    return f
+
+
+@pytest.mark.parametrize("argnums", [(0, 1), (0, 1, 2)], ids=str)
+@pytest.mark.parametrize("n_out", [2, 3])
+def test_a_three_input_rule_under_vmap_gets_every_pattern_while_the_vmap_lives(n_out, argnums):
+    """Adversary (stop 35): only output 0 of a 3-input, 2-output rule is used;
+    the cotangent pattern (True, False) of a fwd family was beyond the budget,
+    traced late after the vmap had ended: ClosureConversionError, where the same
+    rule with ``c`` as an argument gives (9, 3)."""
+    def program(x, y, z, cs):
+        return jax.vmap(lambda c: _three_input_rule(c, n_out)(x, y, z)[0])(cs).sum()
+
+    def explicit(x, y, z, cs):
+        return jnp.sum(cs * x * y)     # output 0, with c an argument
+
+    args = (0.5, 1.5, 2.5, jnp.asarray(XS))
+    want = jax.grad(explicit, argnums)(*args)
+    for fn in (jaxpr_cc.jit(program), jaxpr_cc.trace(program, *args)):
+        got = jax.grad(fn, argnums)(*args)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)

@@ -751,7 +751,10 @@ _SETTLE_ROUNDS = 8  # a recursive rule's closed-over values settle in one or two
 _MAX_PATTERN_INPUTS = 3
 # A symbolic-zeros custom_vjp: at most this many (fwd pattern x cotangent pattern)
 # traces; beyond it, bwd is traced with every cotangent dense for each fwd pattern.
-_MAX_VJP_VARIANTS = 16
+# 64 holds every pattern of a rule with up to 3 perturbable inputs and 3 float
+# outputs (7 x 7): a pattern left out is traced when JAX gives it, which a rule
+# closing over a value of an inner trace (a vmap inside the function) cannot be.
+_MAX_VJP_VARIANTS = 64
 
 
 class _Traced:
