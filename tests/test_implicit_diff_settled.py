@@ -365,3 +365,29 @@ def test_an_iterate_that_moves_again_after_settling_has_its_rate_measured_at_x_s
         for got in (jax.jacfwd(new)(theta), jax.jacrev(new)(theta)):
             np.testing.assert_allclose(np.asarray(got), want, rtol=rtol,
                                        atol=rtol * np.abs(want).max())
+
+
+def test_a_movable_start_of_a_nonlinear_loop_keeps_the_loops_own_start_derivative():
+    """Adversary (stop 35): ``x <- theta + 0.7 x + 0.2 sin x`` from ``x0 = 20 +
+    1e12 (theta - 1)``.  Its Jacobian along the path (0.5 to 0.9) is not J at
+    x*, so ``J^K t_0`` was not the loop's product of Jacobians: 2.26 for 7.87.
+    The start's part is now the loop's own derivative along the start."""
+    with jax.enable_x64(True):
+        def loss(theta):
+            def advance(s):
+                x, _ = s
+                new = theta + 0.7 * x + 0.2 * jnp.sin(x)
+                return new, jnp.abs(new - x)
+
+            x0 = 20.0 + 1e12 * (theta - 1.0)
+            return lax.while_loop(lambda s: s[1] > 1e-10, advance, (x0, jnp.float64(1.0)))[0]
+
+        theta = jnp.float64(1.0)
+        new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, theta), "implicit-diff")
+        want = float(jax.jacfwd(loss)(theta))   # forward mode through the original loop
+        for got in (jax.grad(new)(theta), jax.jit(jax.grad(new))(theta),
+                    jax.jvp(new, (theta,), (1.0,))[1], jax.jacrev(new)(theta)):
+            np.testing.assert_allclose(float(got), want, rtol=1e-8)
+        # A Hessian through it as well (the start's Jacobian is differentiable).
+        np.testing.assert_allclose(float(jax.hessian(new)(theta)),
+                                   float(jax.jacfwd(jax.jacfwd(loss))(theta)), rtol=1e-6)

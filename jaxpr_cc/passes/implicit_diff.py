@@ -114,6 +114,8 @@ class ImplicitDiff(Pass):
             raise ValueError(f"tol must be >= 0, got {self.tol}")
         if self.restart < 1:
             raise ValueError(f"restart must be >= 1, got {self.restart}")
+        if self.dense_max_size < 0:
+            raise ValueError(f"dense-max-size must be >= 0, got {self.dense_max_size}")
         if self.depth < 1:
             raise ValueError(f"depth must be >= 1, got {self.depth}")
         if self.fallback_max_size < 0:
@@ -777,6 +779,17 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
     # (t_0 may be any size), so the derivative is the loop's own.
     if start_may_move and not start_term:
         certified = _never(certified)
+    # A start the program's inputs may move, with the dense adjoint: its part of
+    # the derivative is the loop's own along t_0, the product of the Jacobians
+    # the loop met on its path (J^K t_0, with J at x*, is that product only for
+    # an affine update, and t_0 may be large: a start 1e12 theta).  Formed by
+    # forward mode through the loop along the start's elements (at most
+    # ``dense-max-size`` columns).
+    start_ops = sorted({j for j in state_init if op_inexact[j]})
+    start_jacobian = (_fallback(loop_fn, op_avals, out_avals, options, wrt=start_ops)
+                      if start_term and start_may_move else None)
+    state_out = [[i for i, a in enumerate(out_avals) if _inexact(a)].index(i)
+                 for i in loop.state]
 
     def implicit(ops, outs, count, t_ops, ok, rate):
         # (``count``: the loop's own step count K, which the start's term J^K t_0
@@ -820,7 +833,13 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
             if start_term:
                 t_0 = [t_of[j] if j in t_of else jnp.zeros_like(x)
                        for j, x in zip(state_init, x_star)]
-                t_x = _add_start_term(f_x, x_star, count, t_x, t_0, ok)
+                if start_jacobian is None:
+                    t_x = _add_start_term(f_x, x_star, count, t_x, t_0, ok)
+                else:
+                    t_x = _add_start_term(f_x, x_star, count, t_x,
+                                          [jnp.zeros_like(t) for t in t_0], ok)
+                    along = start_jacobian(ops, [t_of[j] for j in start_ops], ~ok)
+                    t_x = [t + along[k].astype(t.dtype) for t, k in zip(t_x, state_out)]
         result = []
         for i, aval in enumerate(out_avals):
             if not _inexact(aval):
@@ -1035,17 +1054,18 @@ def _rate_estimate(f, x_star) -> jax.Array:
     return RATE_MARGIN * jnp.exp(log_growth / (RATE_STEPS - half))
 
 
-def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff"):
+def _fallback(loop_fn, op_avals, out_avals, options: "ImplicitDiff", wrt=None):
     """``tangent(operands, operand tangents, certified)``: the derivative of the loop as it
     ran, ``J . t`` with ``J`` its Jacobian computed from primals by forward mode
-    (vmapped over a basis of the operands), so the result is linear in ``t`` and
+    (vmapped over a basis of the operands: the inexact ones, or those ``wrt``
+    lists, whose tangents ``t`` then are), so the result is linear in ``t`` and
     transposes.  ``J`` is a custom_jvp whose derivative is again a dense
     contraction, ``depth`` levels deep, so reverse mode over it never meets the
     while_loop.  Operands larger than ``fallback_max_size`` elements: forward
     mode through the iterations along ``t`` (a ``linear_call``), whose
     transpose is NaN.  ``certified`` (a primal bool) zeroes the result where the
     implicit derivative is used, and skips the Jacobian there."""
-    hot = [j for j, a in enumerate(op_avals) if _inexact(a)]
+    hot = [j for j, a in enumerate(op_avals) if _inexact(a) and (wrt is None or j in wrt)]
     sizes = [int(np.prod(op_avals[j].shape)) for j in hot]
     p = sum(sizes)
     out_idx = [i for i, a in enumerate(out_avals) if _inexact(a)]
