@@ -391,3 +391,26 @@ def test_a_movable_start_of_a_nonlinear_loop_keeps_the_loops_own_start_derivativ
         # A Hessian through it as well (the start's Jacobian is differentiable).
         np.testing.assert_allclose(float(jax.hessian(new)(theta)),
                                    float(jax.jacfwd(jax.jacfwd(loss))(theta)), rtol=1e-6)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "open (issue 16): the path bound assumes the update's second derivative is at most "
+    "PATH_MARGIN times the iterate's scale; nothing measures it"))
+def test_a_sharply_curved_update_keeps_the_loops_derivative():
+    """Adversary (stop 35): ``x <- theta + 0.6 x + 0.3 sin(1e5 x) / 1e5`` stopped
+    on ``|dx| <= 3e-8``.  The loop's own tangent is still about 1% from the
+    implicit one when the certificate accepts the implicit one (float64)."""
+    with jax.enable_x64(True):
+        def loss(theta):
+            def advance(s):
+                x, _ = s
+                new = theta + 0.6 * x + 0.3 * jnp.sin(1e5 * x) / 1e5
+                return new, jnp.abs(new - x)
+
+            return lax.while_loop(lambda s: s[1] > 3e-8, advance,
+                                  (jnp.float64(5.0), jnp.float64(1.0)))[0]
+
+        theta = jnp.float64(0.37)
+        new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, theta), "implicit-diff")
+        want = float(jax.jacfwd(loss)(theta))   # forward mode through the original loop
+        np.testing.assert_allclose(float(jax.grad(new)(theta)), want, rtol=1e-8)
