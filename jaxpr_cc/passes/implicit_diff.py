@@ -464,7 +464,15 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     rounding floor, or to an iteration cap long after it converged, spends
     most of its steps there, and a gradient alone never runs them (XLA drops
     the unused loop).  A vmapped loop probes every step (its elements settle
-    at different steps), and its derivative is read at its results."""
+    at different steps), and its derivative is read at its results.
+
+    The bound takes the update's curvature along the path as at most
+    ``PATH_MARGIN`` times the iterate's scale; an update curved far more
+    (``sin(1e5 x) / 1e5``) leaves the loop's tangent far from ``t*`` when the
+    bound is met.  So the loop's own tangent is carried as well, along one
+    fixed pseudo-random direction of the parameters from a zero start (probed
+    and read steps; ``path``'s last entry is its last change relative to its
+    size): the derivative is read only once it has settled (``_bounds_met``)."""
     cond_n, body_n = loop.cond_n, loop.body_n
     test_shape = loop.cond_jaxpr.outvars[0].aval.shape
     state = list(loop.state)
@@ -475,6 +483,8 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     # its own); the bound counts the coarsest.
     ulps = [float(jnp.finfo(op_avals[loop.carry_operand(i)].dtype).eps) for i in state]
     ulp = max(ulps)
+    hot = [k for k, (kind, j) in enumerate(loop.theta)
+           if _inexact(op_avals[loop.const_operand(j) if kind == "const" else loop.carry_operand(j)])]
 
     def probing(*ops):
         cond_consts, body_consts = ops[:cond_n], ops[cond_n:cond_n + body_n]
@@ -493,7 +503,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         half = RATE_STEPS // 2
 
         def step(c):
-            carries, count, v, log_g, log_h, log_w, late, since, measuring, _ = c
+            carries, count, v, tan, tan_step, log_g, log_h, log_w, late, since, measuring, _ = c
             running = test(carries) if test_shape else jnp.bool_(True)
             # The probe restarts from its start vector every RATE_STEPS steps: a
             # mode some J_k annihilated (J_yy = 0 at the start) is excited again,
@@ -513,6 +523,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             _, t_new = jax.jvp(lambda *xs: f(theta_vals, list(xs)),
                                tuple(carries[i] for i in state), tuple(v))
             w = [keep(running, t, vi) for t, vi in zip(t_new, v)]
+            tan, tan_step = tangent_step(running, theta_vals, carries, tan, tan_step)
             norm = _size(w)
             growth = jnp.log(jnp.maximum(norm, 1e-30))
             log_g = log_g + growth
@@ -550,15 +561,38 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             late = jnp.where(start, 0.0, late)
             measuring = measuring | start
             done = measuring & settled & (since >= RATE_STEPS)
-            return (new, count + running.astype(jnp.int32), v, log_g, log_h, log_w, late,
-                    since, measuring, done)
+            return (new, count + running.astype(jnp.int32), v, tan, tan_step, log_g, log_h,
+                    log_w, late, since, measuring, done)
+
+        def tangent_step(running, theta_vals, carries, tan, tan_step):
+            # The loop's own tangent along one fixed direction of the
+            # parameters, from a zero start: ``t <- J_k t + b_k u``, and the
+            # change of its last step, ``(I - J) (t - t*)`` at ``x*`` (a
+            # finished element of a vmapped loop keeps its last).
+            if not hot:
+                return tan, tan_step
+            def update(*args):
+                full = list(theta_vals)
+                for k, a in zip(hot, args[:len(hot)]):
+                    full[k] = a
+                return f(full, list(args[len(hot):]))
+
+            _, t_new = jax.jvp(update, (*[theta_vals[k] for k in hot],
+                                        *[carries[i] for i in state]),
+                               (*direction, *tan))
+            moved = [keep(running, t - t_old, d) for t, t_old, d in zip(t_new, tan, tan_step)]
+            return [keep(running, t, t_old) for t, t_old in zip(t_new, tan)], moved
 
         v = v_start = _probe_start([carry0[i] for i in state])
+        theta_start = [body_consts[k] if kind == "const" else carry0[k] for kind, k in loop.theta]
+        direction = _probe_start([theta_start[k] for k in hot], seed=1) if hot else []
+        tan0 = [jnp.zeros(jnp.shape(carry0[i]), jnp.result_type(carry0[i])) for i in state]
         minus_inf = jnp.float32(-jnp.inf)
-        init = (carry0, jnp.zeros(test_shape, jnp.int32), v, jnp.float32(0.0), minus_inf,
-                minus_inf, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False), jnp.bool_(False))
-        settled, count, _, log_g, log_h, log_w, late, since, measuring, _ = lax.while_loop(
-            lambda c: jnp.any(test(c[0])) & ~c[-1], step, init)
+        init = (carry0, jnp.zeros(test_shape, jnp.int32), v, tan0, tan0, jnp.float32(0.0),
+                minus_inf, minus_inf, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False),
+                jnp.bool_(False))
+        (settled, count, _, tan, tan_step, log_g, log_h, log_w, late, since, measuring,
+         _) = lax.while_loop(lambda c: jnp.any(test(c[0])) & ~c[-1], step, init)
         settled_at = [settled[i] for i in state]
         # J's rate at x* as the segment measured after the iterate settled; NaN
         # when the loop stopped before that segment was complete (the
@@ -567,33 +601,47 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
                              jnp.nan)
         sigma = jnp.float32(SETTLED_ULPS * ulp)
 
-        def path_at(x_now, steps_after, drift):
+        def path_at(x_now, steps_after, drift, tan, tan_step):
             scale = 1.0 + _largest(x_now)
+            # (The tangent's last change relative to its size: 0 for a zero one.)
+            tangent_change = _size(tan_step) / jnp.maximum(_size(tan), 1e-30)
             return jnp.stack([log_g, log_h, log_w - jnp.log(scale), log_rate,
-                              steps_after.astype(jnp.float32), sigma, drift / scale])
+                              steps_after.astype(jnp.float32), sigma, drift / scale,
+                              tangent_change])
 
         def plain(c):
             return [*jx.eval_jaxpr(loop.body_jaxpr, (), *body_consts, *c[:-1]), c[-1] + 1]
 
         carries, after = list(settled), jnp.zeros(test_shape, jnp.int32)
         if settle:
-            # The settled iterates run on, unprobed, only until the certificate's
-            # bounds (which shrink with each step at x*) are met: the derivative
-            # is read there.  The loop's remaining steps make its results alone,
-            # so a program using only the derivative (a gradient) never runs them.
+            # The settled iterates run on, unprobed but with the parameters'
+            # tangent, only until the certificate's bounds (which shrink with
+            # each step at x*) are met: the derivative is read there.  The loop's
+            # remaining steps make its results alone, so a program using only
+            # the derivative (a gradient) never runs them.
             rate = RATE_MARGIN * jnp.exp(log_rate)
             travelled = _travelled([carry0[i] for i in state], settled_at)
+            n = len(carries)
 
             def certain(c):
-                steps_after = c[-1]
-                return _bounds_met(path_at(settled_at, steps_after, jnp.float32(0.0)), rate,
-                                   count + steps_after, travelled)
+                steps_after, tan, tan_step = c[n], c[n + 1:n + 1 + len(state)], c[n + 1 + len(state):]
+                return _bounds_met(path_at(settled_at, steps_after, jnp.float32(0.0), tan,
+                                           tan_step), rate, count + steps_after, travelled)
 
-            *carries, after = lax.while_loop(lambda c: test(c[:-1]) & ~certain(c), plain,
-                                             [*carries, after])
+            def reading(c):
+                carries, tan, tan_step = c[:n], c[n + 1:n + 1 + len(state)], c[n + 1 + len(state):]
+                theta_vals = [body_consts[k] if kind == "const" else carries[k]
+                              for kind, k in loop.theta]
+                tan, tan_step = tangent_step(jnp.bool_(True), theta_vals, carries, tan, tan_step)
+                return [*plain([*carries, c[n]]), *tan, *tan_step]
+
+            out = lax.while_loop(lambda c: test(c[:n]) & ~certain(c), reading,
+                                 [*carries, after, *tan, *tan_step])
+            carries, after = out[:n], out[n]
+            tan, tan_step = out[n + 1:n + 1 + len(state)], out[n + 1 + len(state):]
         x_read = [carries[i] for i in state]
         path = path_at(x_read, jnp.min(after),
-                       _largest([a - b for a, b in zip(x_read, settled_at)]))
+                       _largest([a - b for a, b in zip(x_read, settled_at)]), tan, tan_step)
         read_at, read_count = list(carries), count + after
         rest = jnp.zeros(test_shape, jnp.int32)
         if settle:
@@ -626,7 +674,7 @@ def _path_bound(path, rate):
     return jnp.where(jnp.isnan(bound) | drifted | (rate >= 1.0), jnp.inf, bound)
 
 
-def _probe_start(xs) -> list:
+def _probe_start(xs, seed: int = 0) -> list:
     """A fixed pseudo-random unit vector shaped like ``xs``: a structured one
     (``sin(1.7 i + 0.3)``) can be an eigenvector of a fast mode and never see a
     slow one.  Its entries are uniform in [-1, 1) from an integer hash of the
@@ -635,7 +683,8 @@ def _probe_start(xs) -> list:
     v = []
     for leaf, x in enumerate(xs):
         h = lax.iota(jnp.uint32, max(int(np.prod(jnp.shape(x))), 1))
-        h = h * jnp.uint32(747796405) + jnp.uint32(2891336453 + 2654435769 * leaf & 0xFFFFFFFF)
+        h = h * jnp.uint32(747796405) + jnp.uint32(
+            2891336453 + 2654435769 * (leaf + 7919 * seed) & 0xFFFFFFFF)
         h = ((h >> ((h >> 28) + jnp.uint32(4))) ^ h) * jnp.uint32(277803737)
         h = (h >> 22) ^ h
         u = (h >> 8).astype(jnp.float32) * np.float32(2.0 ** -23) - 1.0
@@ -940,6 +989,11 @@ RATE_MARGIN = 1.05
 #: the iterate has settled, and the probe stops (``_probing_loop``).
 SETTLED_ULPS = 1.0
 
+#: A change of the loop's own tangent of at most this many ulps of its size is
+#: its rounding floor (``_bounds_met``): the tangent recurrence's rounding, and
+#: the Jacobians' jitter with the iterate's, move it that much at ``t*``.
+TANGENT_ULPS = 64.0
+
 #: The largest measured contraction rate at which ``adjoint=auto`` iterates the
 #: map to solve (20 products reach 1e-6); above it, BiCGStab.
 ITERATE_MAX_RATE = 0.5
@@ -1021,12 +1075,19 @@ def _start_bound(count, rate, travelled):
 
 
 def _bounds_met(path, rate, count, travelled):
-    """Whether the certificate's two bounds on the tangent's gap (the path's,
-    ``_path_bound``, and the start's, ``_start_bound``) are within
-    ``TANGENT_RTOL``; false while ``rate`` is NaN or at least 1."""
+    """Whether the certificate's bounds on the tangent's gap are within
+    ``TANGENT_RTOL``: the path's (``_path_bound``), the start's
+    (``_start_bound``), and the measured one: the loop's own tangent along a
+    fixed direction of the parameters has settled (its last change ``(I - J)
+    (t - t*)``, over ``1 - s``, within ``TANGENT_RTOL``, or within
+    ``TANGENT_ULPS`` ulps: its rounding floor).  False while ``rate`` is NaN or
+    at least 1."""
     limit = float(np.log(TANGENT_RTOL))
+    ulp = path[5] / SETTLED_ULPS
+    change = jnp.maximum(TANGENT_RTOL * (1.0 - rate), TANGENT_ULPS * ulp)
     return ((_path_bound(path, rate) + float(np.log(PATH_MARGIN)) <= limit)
-            & (_start_bound(count, rate, travelled) <= limit))
+            & (_start_bound(count, rate, travelled) <= limit)
+            & (path[7] <= change))
 
 
 def _rate_estimate(f, x_star) -> jax.Array:
