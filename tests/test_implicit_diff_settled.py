@@ -436,3 +436,83 @@ def test_a_sharply_curved_update_run_to_rounding_is_implicit():
         np.testing.assert_allclose(float(jax.grad(new)(theta)), implicit, rtol=1e-12)
         np.testing.assert_allclose(float(jax.grad(new)(theta)), float(jax.jacfwd(loss)(theta)),
                                    rtol=2e-5)
+
+
+def test_a_sharply_curved_leaf_beside_a_large_one_keeps_the_loops_derivative():
+    """The curved update of the test above in one state leaf, beside a smooth
+    leaf whose tangent is 1e6 times larger: the measured tangent's change is
+    taken relative to each leaf's own size, so the curved leaf's unsettled
+    tangent is not hidden by the large one."""
+    with jax.enable_x64(True):
+        def loss(theta):
+            def advance(s):
+                x, y, _ = s
+                new_x = theta[0] + 0.6 * x + 0.3 * jnp.sin(1e5 * x) / 1e5
+                new_y = 1e6 * theta[1] + 0.5 * y
+                return new_x, new_y, jnp.maximum(jnp.abs(new_x - x), jnp.abs(new_y - y) / 1e6)
+
+            x, y, _ = lax.while_loop(lambda s: s[2] > 3e-8, advance,
+                                     (jnp.float64(5.0), jnp.float64(0.0), jnp.float64(1.0)))
+            return jnp.stack([x, y])
+
+        theta = jnp.array([0.37, 0.2])
+        new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, theta), "implicit-diff")
+        want = np.asarray(jax.jacfwd(loss)(theta))   # forward mode through the original loop
+        np.testing.assert_allclose(np.asarray(jax.jacrev(new)(theta)), want, rtol=2e-5, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(jax.jacfwd(new)(theta)), want, rtol=2e-5, atol=1e-12)
+
+
+def test_a_sharply_curved_update_with_a_tiny_tangent_keeps_the_loops_derivative():
+    """Adversary (stop 36): the curved update driven by ``1e-18 theta``.  The
+    measured tangent (~1e-18) was compared through a float32 2-norm whose
+    squares underflow: its change read 0 op by op, and the implicit derivative,
+    1.5% off, was used (jitted runs were right)."""
+    with jax.enable_x64(True):
+        def loss(theta):
+            def advance(s):
+                x, _ = s
+                new = 0.37 + 1e-18 * theta + 0.6 * x + 0.3 * jnp.sin(1e5 * x) / 1e5
+                return new, jnp.abs(new - x)
+
+            return lax.while_loop(lambda s: s[1] > 3e-8, advance,
+                                  (jnp.float64(5.0), jnp.float64(1.0)))[0]
+
+        theta = jnp.float64(0.37)
+        new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, theta), "implicit-diff")
+        want = float(jax.jacfwd(loss)(theta))   # forward mode through the original loop
+        for got in (jax.grad(new)(theta), jax.jit(jax.grad(new))(theta),
+                    jax.jvp(new, (theta,), (1.0,))[1]):
+            np.testing.assert_allclose(float(got), want, rtol=2e-5)
+
+
+@pytest.mark.parametrize("layout", ["large element beside it", "one element of 256"])
+def test_a_sharply_curved_element_of_a_state_keeps_the_loops_derivative(layout):
+    """Adversary (stop 36): the curved update in one element of a vector state,
+    beside an element whose tangent is 1e6 times larger, or as one of 256
+    elements (its entry in the fixed direction was 1e-4 of the others').  The
+    measured tangent's change was a norm over the whole state: the curved
+    element's unsettled tangent (3.7e-3 off) was hidden.  It is now checked
+    against each element's own size, along a direction whose entries are
+    all of one size."""
+    n, j = (2, 1) if layout == "large element beside it" else (256, 30)
+    with jax.enable_x64(True):
+        curved = jnp.zeros(n, bool).at[j].set(True)
+        factor = jnp.array([1e6, 1.0]) if n == 2 else 1.0
+        def loss(theta):
+            def advance(s):
+                x, _ = s
+                smooth = 0.37 + factor * theta + 0.5 * x
+                sharp = 0.37 + theta + 0.6 * x + 0.3 * jnp.sin(1e5 * x) / 1e5
+                new = jnp.where(curved, sharp, smooth)
+                return new, jnp.max(jnp.abs(new - x))
+
+            x0 = jnp.where(curved, 5.0, 2 * (0.37 + factor * 0.37))
+            # (the smooth elements start at their fixed point)
+            return lax.while_loop(lambda s: s[1] > 3e-8, advance, (x0, jnp.float64(1.0)))[0][j]
+
+        theta = jnp.full(n, 0.37)
+        new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, theta), "implicit-diff")
+        want = jax.jacfwd(loss)(theta)[j]   # forward mode through the original loop
+        np.testing.assert_allclose(float(jax.grad(new)(theta)[j]), float(want), rtol=2e-5)
+        np.testing.assert_allclose(float(jax.jvp(new, (theta,), (jnp.zeros(n).at[j].set(1.0),))[1]),
+                                   float(want), rtol=2e-5)

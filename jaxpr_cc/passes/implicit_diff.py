@@ -585,7 +585,10 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
 
         v = v_start = _probe_start([carry0[i] for i in state])
         theta_start = [body_consts[k] if kind == "const" else carry0[k] for kind, k in loop.theta]
-        direction = _probe_start([theta_start[k] for k in hot], seed=1) if hot else []
+        # (Entries of one size, random signs: an element whose entry were tiny
+        # would hardly be checked.)
+        direction = [jnp.sign(d) + (d == 0) for d in
+                     _probe_start([theta_start[k] for k in hot], seed=1)] if hot else []
         tan0 = [jnp.zeros(jnp.shape(carry0[i]), jnp.result_type(carry0[i])) for i in state]
         minus_inf = jnp.float32(-jnp.inf)
         init = (carry0, jnp.zeros(test_shape, jnp.int32), v, tan0, tan0, jnp.float32(0.0),
@@ -603,8 +606,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
 
         def path_at(x_now, steps_after, drift, tan, tan_step):
             scale = 1.0 + _largest(x_now)
-            # (The tangent's last change relative to its size: 0 for a zero one.)
-            tangent_change = _size(tan_step) / jnp.maximum(_size(tan), 1e-30)
+            tangent_change = _tangent_change(tan, tan_step)
             return jnp.stack([log_g, log_h, log_w - jnp.log(scale), log_rate,
                               steps_after.astype(jnp.float32), sigma, drift / scale,
                               tangent_change])
@@ -650,6 +652,24 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         return [*carries, read_count + rest, *read_at, read_count, path.astype(jnp.float32)]
 
     return _closed(probing, op_avals, name)
+
+
+def _tangent_change(tan, tan_step):
+    """The measured tangent's last change, elementwise relative to its size:
+    the largest ``(|dt_i| - TANGENT_ULPS ulp max|t|) / |t_i|`` (0 where the
+    change is at that rounding floor of the largest element; an element of 1e-6
+    beside one of 1 is checked to its own size, and a tiny tangent, 1e-18, in
+    its own precision: no square underflows)."""
+    wide = jnp.result_type(*tan)
+    ulp = jnp.finfo(wide).eps
+    largest = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(t).astype(wide), initial=0.0)
+                                             for t in tan])
+    floor = TANGENT_ULPS * ulp * largest
+    tiny = jnp.finfo(wide).tiny
+    change = [jnp.max(jnp.maximum(jnp.abs(d).astype(wide) - floor, 0.0)
+                      / jnp.maximum(jnp.abs(t).astype(wide), tiny), initial=0.0)
+              for d, t in zip(tan_step, tan)]
+    return functools.reduce(jnp.maximum, change).astype(jnp.float32)
 
 
 def _path_bound(path, rate):
@@ -1079,9 +1099,9 @@ def _bounds_met(path, rate, count, travelled):
     ``TANGENT_RTOL``: the path's (``_path_bound``), the start's
     (``_start_bound``), and the measured one: the loop's own tangent along a
     fixed direction of the parameters has settled (its last change ``(I - J)
-    (t - t*)``, over ``1 - s``, within ``TANGENT_RTOL``, or within
-    ``TANGENT_ULPS`` ulps: its rounding floor).  False while ``rate`` is NaN or
-    at least 1."""
+    (t - t*)``, over ``1 - s``, within ``TANGENT_RTOL`` of each element, or
+    within ``TANGENT_ULPS`` ulps: its rounding floor; ``_tangent_change``).
+    False while ``rate`` is NaN or at least 1."""
     limit = float(np.log(TANGENT_RTOL))
     ulp = path[5] / SETTLED_ULPS
     change = jnp.maximum(TANGENT_RTOL * (1.0 - rate), TANGENT_ULPS * ulp)
