@@ -516,3 +516,48 @@ def test_a_sharply_curved_element_of_a_state_keeps_the_loops_derivative(layout):
         np.testing.assert_allclose(float(jax.grad(new)(theta)[j]), float(want), rtol=2e-5)
         np.testing.assert_allclose(float(jax.jvp(new, (theta,), (jnp.zeros(n).at[j].set(1.0),))[1]),
                                    float(want), rtol=2e-5)
+
+
+def test_a_sharply_curved_update_of_a_sum_of_parameters_keeps_the_loops_derivative():
+    """Adversary (stop 36): the curved update reading ``a + b``.  The fixed
+    direction had entries of one size with signs (-1, +1), so the measured
+    tangent was exactly 0 ("settled") and the implicit derivative, 0.6% off,
+    was used.  Its entries are now positive and of distinct sizes."""
+    with jax.enable_x64(True):
+        def loss(a, b):
+            def advance(s):
+                x, previous, k = s
+                return a + b + 0.6 * x + 0.3 * jnp.sin(1e5 * x) / 1e5, x, k + 1
+
+            return lax.while_loop(lambda s: (jnp.abs(s[0] - s[1]) > 3e-8) & (s[2] < 10000),
+                                  advance, (jnp.float64(0.0), jnp.float64(1.0), 0))[0]
+
+        a, b = jnp.float64(0.3), jnp.float64(0.2)
+        new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, a, b), "implicit-diff")
+        want = jax.jacfwd(loss, argnums=(0, 1))(a, b)   # forward mode through the original loop
+        for got in (jax.grad(new, argnums=(0, 1))(a, b), jax.jacfwd(new, argnums=(0, 1))(a, b)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5)
+
+
+def test_a_sharply_curved_leaf_with_a_tangent_1e13_below_another_keeps_the_loops_derivative():
+    """Adversary (stop 36): a curved state leaf whose tangent (2.5e-10) is 1e13
+    below another leaf's (2e3).  The measured tangent's rounding floor was 64
+    ulps of the largest element, 11% of the small one: its unsettled tangent
+    passed.  The floor is now each element's own: 64 ulps of the terms it sums."""
+    with jax.enable_x64(True):
+        def loss(th0, th1):
+            def advance(s):
+                a, b, _, _, k = s
+                return (1e3 * th0 + 0.5 * a,
+                        0.1 + 1e-10 * th1 + 0.6 * b + 0.3 * jnp.sin(1e5 * b) / 1e5, a, b, k + 1)
+
+            z = jnp.float64(0.0)
+            return lax.while_loop(
+                lambda s: (jnp.maximum(jnp.abs(s[0] - s[2]), jnp.abs(s[1] - s[3])) > 1e-6)
+                & (s[4] < 10000), advance, (z, z, z + 1, z + 1, 0))[1]
+
+        th0, th1 = jnp.float64(0.7), jnp.float64(0.3)
+        new = jaxpr_cc.run_passes(jaxpr_cc.trace(loss, th0, th1), "implicit-diff")
+        want = float(jax.jacfwd(loss, argnums=1)(th0, th1))   # forward mode through the original
+        for got in (jax.grad(new, argnums=1)(th0, th1), jax.jacfwd(new, argnums=1)(th0, th1)):
+            np.testing.assert_allclose(float(got), want, rtol=2e-5)

@@ -567,28 +567,42 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         def tangent_step(running, theta_vals, carries, tan, tan_step):
             # The loop's own tangent along one fixed direction of the
             # parameters, from a zero start: ``t <- J_k t + b_k u``, and the
-            # change of its last step, ``(I - J) (t - t*)`` at ``x*`` (a
-            # finished element of a vmapped loop keeps its last).
+            # change of its last step, ``(I - J) (t - t*)`` at ``x*``, less its
+            # rounding floor (``TANGENT_ULPS`` ulps of the terms it sums, ``|J_k
+            # t|`` and ``|b_k u|``, per element: an element of 1e-10 beside one
+            # of 1e3 is checked to its own size).  A finished element of a
+            # vmapped loop keeps its last.
             if not hot:
                 return tan, tan_step
-            def update(*args):
-                full = list(theta_vals)
-                for k, a in zip(hot, args[:len(hot)]):
-                    full[k] = a
-                return f(full, list(args[len(hot):]))
+            x_now = [carries[i] for i in state]
 
-            _, t_new = jax.jvp(update, (*[theta_vals[k] for k in hot],
-                                        *[carries[i] for i in state]),
-                               (*direction, *tan))
-            moved = [keep(running, t - t_old, d) for t, t_old, d in zip(t_new, tan, tan_step)]
-            return [keep(running, t, t_old) for t, t_old in zip(t_new, tan)], moved
+            def through_theta(*hv):
+                full = list(theta_vals)
+                for k, a in zip(hot, hv):
+                    full[k] = a
+                return f(full, x_now)
+
+            _, j_t = jax.jvp(lambda *xs: f(theta_vals, list(xs)), tuple(x_now), tuple(tan))
+            _, b_u = jax.jvp(through_theta, tuple(theta_vals[k] for k in hot), tuple(direction))
+            new_tan, moved = [], []
+            for jt, bu, t_old, d in zip(j_t, b_u, tan, tan_step):
+                t = jt + bu
+                floor = (TANGENT_ULPS * float(jnp.finfo(jnp.result_type(t)).eps)
+                         * (jnp.abs(jt) + jnp.abs(bu)))
+                moved.append(keep(running, jnp.maximum(jnp.abs(t - t_old) - floor, 0.0), d))
+                new_tan.append(keep(running, t, t_old))
+            return new_tan, moved
 
         v = v_start = _probe_start([carry0[i] for i in state])
         theta_start = [body_consts[k] if kind == "const" else carry0[k] for kind, k in loop.theta]
-        # (Entries of one size, random signs: an element whose entry were tiny
-        # would hardly be checked.)
-        direction = [jnp.sign(d) + (d == 0) for d in
-                     _probe_start([theta_start[k] for k in hot], seed=1)] if hot else []
+        # (Positive entries in [1, 2], pseudo-random: an element whose entry
+        # were tiny would hardly be checked, and entries of one size cancel
+        # for ``a + b`` or ``a - b``.)
+        direction = _probe_start([theta_start[k] for k in hot], seed=1)
+        if direction:
+            top = jnp.maximum(_largest(direction), 1e-30)
+            direction = [(1.0 + jnp.abs(d) / top.astype(d.dtype)).astype(d.dtype)
+                         for d in direction]
         tan0 = [jnp.zeros(jnp.shape(carry0[i]), jnp.result_type(carry0[i])) for i in state]
         minus_inf = jnp.float32(-jnp.inf)
         init = (carry0, jnp.zeros(test_shape, jnp.int32), v, tan0, tan0, jnp.float32(0.0),
@@ -654,22 +668,14 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     return _closed(probing, op_avals, name)
 
 
-def _tangent_change(tan, tan_step):
-    """The measured tangent's last change, elementwise relative to its size:
-    the largest ``(|dt_i| - TANGENT_ULPS ulp max|t|) / |t_i|`` (0 where the
-    change is at that rounding floor of the largest element; an element of 1e-6
-    beside one of 1 is checked to its own size, and a tiny tangent, 1e-18, in
-    its own precision: no square underflows)."""
-    wide = jnp.result_type(*tan)
-    ulp = jnp.finfo(wide).eps
-    largest = functools.reduce(jnp.maximum, [jnp.max(jnp.abs(t).astype(wide), initial=0.0)
-                                             for t in tan])
-    floor = TANGENT_ULPS * ulp * largest
-    tiny = jnp.finfo(wide).tiny
-    change = [jnp.max(jnp.maximum(jnp.abs(d).astype(wide) - floor, 0.0)
-                      / jnp.maximum(jnp.abs(t).astype(wide), tiny), initial=0.0)
-              for d, t in zip(tan_step, tan)]
-    return functools.reduce(jnp.maximum, change).astype(jnp.float32)
+def _tangent_change(tan, excess):
+    """The measured tangent's last change above its rounding floor
+    (``excess``, per element), relative to each element's size: the largest
+    ``excess_i / |t_i|``, in the tangent's own precision (a tiny tangent,
+    1e-18, has no square to underflow)."""
+    change = [jnp.max(e / jnp.maximum(jnp.abs(t), jnp.finfo(jnp.result_type(t)).tiny),
+                      initial=0.0).astype(jnp.float32) for e, t in zip(excess, tan)]
+    return functools.reduce(jnp.maximum, change, jnp.float32(0.0))
 
 
 def _path_bound(path, rate):
