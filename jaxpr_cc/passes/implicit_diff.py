@@ -503,7 +503,8 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         half = RATE_STEPS // 2
 
         def step(c):
-            carries, count, v, tan, tan_step, log_g, log_h, log_w, late, since, measuring, _ = c
+            (carries, count, v, tan, tan_excess, log_g, log_h, log_w, late, since, measuring,
+             _) = c
             running = test(carries) if test_shape else jnp.bool_(True)
             # The probe restarts from its start vector every RATE_STEPS steps: a
             # mode some J_k annihilated (J_yy = 0 at the start) is excited again,
@@ -523,7 +524,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             _, t_new = jax.jvp(lambda *xs: f(theta_vals, list(xs)),
                                tuple(carries[i] for i in state), tuple(v))
             w = [keep(running, t, vi) for t, vi in zip(t_new, v)]
-            tan, tan_step = tangent_step(running, theta_vals, carries, tan, tan_step)
+            tan, tan_excess = tangent_step(running, theta_vals, carries, tan, tan_excess)
             norm = _size(w)
             growth = jnp.log(jnp.maximum(norm, 1e-30))
             log_g = log_g + growth
@@ -561,10 +562,10 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             late = jnp.where(start, 0.0, late)
             measuring = measuring | start
             done = measuring & settled & (since >= RATE_STEPS)
-            return (new, count + running.astype(jnp.int32), v, tan, tan_step, log_g, log_h,
+            return (new, count + running.astype(jnp.int32), v, tan, tan_excess, log_g, log_h,
                     log_w, late, since, measuring, done)
 
-        def tangent_step(running, theta_vals, carries, tan, tan_step):
+        def tangent_step(running, theta_vals, carries, tan, tan_excess):
             # The loop's own tangent along one fixed direction of the
             # parameters, from a zero start: ``t <- J_k t + b_k u``, and the
             # change of its last step, ``(I - J) (t - t*)`` at ``x*``, less its
@@ -573,7 +574,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             # of 1e3 is checked to its own size).  A finished element of a
             # vmapped loop keeps its last.
             if not hot:
-                return tan, tan_step
+                return tan, tan_excess
             x_now = [carries[i] for i in state]
 
             def through_theta(*hv):
@@ -585,7 +586,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             _, j_t = jax.jvp(lambda *xs: f(theta_vals, list(xs)), tuple(x_now), tuple(tan))
             _, b_u = jax.jvp(through_theta, tuple(theta_vals[k] for k in hot), tuple(direction))
             new_tan, moved = [], []
-            for jt, bu, t_old, d in zip(j_t, b_u, tan, tan_step):
+            for jt, bu, t_old, d in zip(j_t, b_u, tan, tan_excess):
                 t = jt + bu
                 floor = (TANGENT_ULPS * float(jnp.finfo(jnp.result_type(t)).eps)
                          * (jnp.abs(jt) + jnp.abs(bu)))
@@ -608,7 +609,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         init = (carry0, jnp.zeros(test_shape, jnp.int32), v, tan0, tan0, jnp.float32(0.0),
                 minus_inf, minus_inf, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False),
                 jnp.bool_(False))
-        (settled, count, _, tan, tan_step, log_g, log_h, log_w, late, since, measuring,
+        (settled, count, _, tan, tan_excess, log_g, log_h, log_w, late, since, measuring,
          _) = lax.while_loop(lambda c: jnp.any(test(c[0])) & ~c[-1], step, init)
         settled_at = [settled[i] for i in state]
         # J's rate at x* as the segment measured after the iterate settled; NaN
@@ -618,9 +619,9 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
                              jnp.nan)
         sigma = jnp.float32(SETTLED_ULPS * ulp)
 
-        def path_at(x_now, steps_after, drift, tan, tan_step):
+        def path_at(x_now, steps_after, drift, tan, tan_excess):
             scale = 1.0 + _largest(x_now)
-            tangent_change = _tangent_change(tan, tan_step)
+            tangent_change = _tangent_change(tan, tan_excess)
             return jnp.stack([log_g, log_h, log_w - jnp.log(scale), log_rate,
                               steps_after.astype(jnp.float32), sigma, drift / scale,
                               tangent_change])
@@ -637,27 +638,28 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             # the derivative (a gradient) never runs them.
             rate = RATE_MARGIN * jnp.exp(log_rate)
             travelled = _travelled([carry0[i] for i in state], settled_at)
-            n = len(carries)
 
+            # (The read segment's carry: the loop's carries, the steps after
+            # the settled iterate, the measured tangent and its excess change.)
             def certain(c):
-                steps_after, tan, tan_step = c[n], c[n + 1:n + 1 + len(state)], c[n + 1 + len(state):]
+                _, steps_after, tan, tan_excess = c
                 return _bounds_met(path_at(settled_at, steps_after, jnp.float32(0.0), tan,
-                                           tan_step), rate, count + steps_after, travelled)
+                                           tan_excess), rate, count + steps_after, travelled)
 
             def reading(c):
-                carries, tan, tan_step = c[:n], c[n + 1:n + 1 + len(state)], c[n + 1 + len(state):]
+                carries, steps_after, tan, tan_excess = c
                 theta_vals = [body_consts[k] if kind == "const" else carries[k]
                               for kind, k in loop.theta]
-                tan, tan_step = tangent_step(jnp.bool_(True), theta_vals, carries, tan, tan_step)
-                return [*plain([*carries, c[n]]), *tan, *tan_step]
+                tan, tan_excess = tangent_step(jnp.bool_(True), theta_vals, carries, tan,
+                                               tan_excess)
+                *carries, steps_after = plain([*carries, steps_after])
+                return carries, steps_after, tan, tan_excess
 
-            out = lax.while_loop(lambda c: test(c[:n]) & ~certain(c), reading,
-                                 [*carries, after, *tan, *tan_step])
-            carries, after = out[:n], out[n]
-            tan, tan_step = out[n + 1:n + 1 + len(state)], out[n + 1 + len(state):]
+            carries, after, tan, tan_excess = lax.while_loop(
+                lambda c: test(c[0]) & ~certain(c), reading, (carries, after, tan, tan_excess))
         x_read = [carries[i] for i in state]
         path = path_at(x_read, jnp.min(after),
-                       _largest([a - b for a, b in zip(x_read, settled_at)]), tan, tan_step)
+                       _largest([a - b for a, b in zip(x_read, settled_at)]), tan, tan_excess)
         read_at, read_count = list(carries), count + after
         rest = jnp.zeros(test_shape, jnp.int32)
         if settle:
