@@ -566,13 +566,13 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
                     log_w, late, since, measuring, done)
 
         def tangent_step(running, theta_vals, carries, tan, tan_excess):
-            # The loop's own tangent along one fixed direction of the
-            # parameters, from a zero start: ``t <- J_k t + b_k u``, and the
-            # change of its last step, ``(I - J) (t - t*)`` at ``x*``, less its
-            # rounding floor (``TANGENT_ULPS`` ulps of the terms it sums, ``|J_k
-            # t|`` and ``|b_k u|``, per element: an element of 1e-10 beside one
-            # of 1e3 is checked to its own size).  A finished element of a
-            # vmapped loop keeps its last.
+            # The loop's own tangents along fixed directions of the parameters
+            # (one per group, ``_tangent_directions``), from a zero start: ``t
+            # <- J_k t + b_k u``, and the change of their last step, ``(I - J)
+            # (t - t*)`` at ``x*``, less its rounding floor (``TANGENT_ULPS``
+            # ulps of the terms it sums, ``|J_k t|`` and ``|b_k u|``, per
+            # element: an element of 1e-10 beside one of 1e3 is checked to its
+            # own size).  A finished element of a vmapped loop keeps its last.
             if not hot:
                 return tan, tan_excess
             x_now = [carries[i] for i in state]
@@ -583,28 +583,27 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
                     full[k] = a
                 return f(full, x_now)
 
-            _, j_t = jax.jvp(lambda *xs: f(theta_vals, list(xs)), tuple(x_now), tuple(tan))
-            _, b_u = jax.jvp(through_theta, tuple(theta_vals[k] for k in hot), tuple(direction))
-            new_tan, moved = [], []
-            for jt, bu, t_old, d in zip(j_t, b_u, tan, tan_excess):
-                t = jt + bu
-                floor = (TANGENT_ULPS * float(jnp.finfo(jnp.result_type(t)).eps)
-                         * (jnp.abs(jt) + jnp.abs(bu)))
-                moved.append(keep(running, jnp.maximum(jnp.abs(t - t_old) - floor, 0.0), d))
-                new_tan.append(keep(running, t, t_old))
-            return new_tan, moved
+            def one(direction, tan, tan_excess):
+                _, j_t = jax.jvp(lambda *xs: f(theta_vals, list(xs)), tuple(x_now), tuple(tan))
+                _, b_u = jax.jvp(through_theta, tuple(theta_vals[k] for k in hot),
+                                 tuple(direction))
+                new_tan, moved = [], []
+                for jt, bu, t_old, d in zip(j_t, b_u, tan, tan_excess):
+                    t = jt + bu
+                    floor = (TANGENT_ULPS * float(jnp.finfo(jnp.result_type(t)).eps)
+                             * (jnp.abs(jt) + jnp.abs(bu)))
+                    moved.append(keep(running, jnp.maximum(jnp.abs(t - t_old) - floor, 0.0), d))
+                    new_tan.append(keep(running, t, t_old))
+                return new_tan, moved
+
+            return jax.vmap(one)(directions, tan, tan_excess)
 
         v = v_start = _probe_start([carry0[i] for i in state])
         theta_start = [body_consts[k] if kind == "const" else carry0[k] for kind, k in loop.theta]
-        # (Positive entries in [1, 2], pseudo-random: an element whose entry
-        # were tiny would hardly be checked, and entries of one size cancel
-        # for ``a + b`` or ``a - b``.)
-        direction = _probe_start([theta_start[k] for k in hot], seed=1)
-        if direction:
-            top = jnp.maximum(_largest(direction), 1e-30)
-            direction = [(1.0 + jnp.abs(d) / top.astype(d.dtype)).astype(d.dtype)
-                         for d in direction]
-        tan0 = [jnp.zeros(jnp.shape(carry0[i]), jnp.result_type(carry0[i])) for i in state]
+        directions = _tangent_directions([theta_start[k] for k in hot])
+        groups = directions[0].shape[0] if directions else 1
+        tan0 = [jnp.zeros((groups, *jnp.shape(carry0[i])), jnp.result_type(carry0[i]))
+                for i in state]
         minus_inf = jnp.float32(-jnp.inf)
         init = (carry0, jnp.zeros(test_shape, jnp.int32), v, tan0, tan0, jnp.float32(0.0),
                 minus_inf, minus_inf, jnp.float32(0.0), jnp.int32(0), jnp.bool_(False),
@@ -668,6 +667,44 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         return [*carries, read_count + rest, *read_at, read_count, path.astype(jnp.float32)]
 
     return _closed(probing, op_avals, name)
+
+
+def _tangent_directions(theta) -> list:
+    """The directions of the parameters (``theta``: the inexact ones' values)
+    the measured tangent follows: one per group, stacked on a leading axis of
+    each leaf.  A group is one element of a leaf with few, or one leaf, up to
+    ``TANGENT_GROUPS`` groups (leaves beyond share them round robin): each
+    group's part of the tangent is checked to its own size, so a parameter
+    whose effect is 1e-9 of another's is not hidden by it.  Within a group the
+    entries are positive and pseudo-random in [1, 2]: an element whose entry
+    were tiny would hardly be checked, and entries of one size cancel for ``a
+    + b`` or ``a - b``."""
+    if not theta:
+        return []
+    entries = _probe_start(theta, seed=1)
+    top = jnp.maximum(_largest(entries), 1e-30)
+    entries = [(1.0 + jnp.abs(e) / top.astype(e.dtype)).astype(e.dtype) for e in entries]
+    sizes = [max(int(np.prod(jnp.shape(x))), 1) for x in theta]
+    # Each leaf's group of every element, ``-1`` for one group of the whole leaf.
+    split, budget = [], TANGENT_GROUPS - len(theta)
+    for n in sizes:
+        each = 1 < n <= budget + 1
+        split.append(each)
+        budget -= n - 1 if each else 0
+    first, g = [], 0
+    for n, each in zip(sizes, split):
+        first.append(g)
+        g += n if each else 1
+    groups = min(g, TANGENT_GROUPS)
+    directions = []
+    for x, e, n, each, g in zip(theta, entries, sizes, split, first):
+        # (Built from iotas: the rule's closed jaxpr captures no constants.)
+        element = lax.iota(jnp.int32, n) if each else jnp.zeros(n, jnp.int32)
+        group = (element + g) % groups
+        mine = group[None, :] == lax.iota(jnp.int32, groups)[:, None]
+        directions.append(jnp.where(mine.reshape((groups, *jnp.shape(x))), e[None],
+                                    jnp.zeros_like(e)[None]))
+    return directions
 
 
 def _tangent_change(tan, excess):
@@ -1021,6 +1058,10 @@ SETTLED_ULPS = 1.0
 #: its rounding floor (``_bounds_met``): the tangent recurrence's rounding, and
 #: the Jacobians' jitter with the iterate's, move it that much at ``t*``.
 TANGENT_ULPS = 64.0
+
+#: The most groups of parameters whose parts of the loop's tangent are
+#: measured apart (``_tangent_directions``): a jvp of the update each per step.
+TANGENT_GROUPS = 8
 
 #: The largest measured contraction rate at which ``adjoint=auto`` iterates the
 #: map to solve (20 products reach 1e-6); above it, BiCGStab.
