@@ -600,7 +600,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
 
         v = v_start = _probe_start([carry0[i] for i in state])
         theta_start = [body_consts[k] if kind == "const" else carry0[k] for kind, k in loop.theta]
-        directions = _tangent_directions([theta_start[k] for k in hot])
+        directions = _tangent_directions([theta_start[k] for k in hot], test_shape)
         groups = directions[0].shape[0] if directions else 1
         tan0 = [jnp.zeros((groups, *jnp.shape(carry0[i])), jnp.result_type(carry0[i]))
                 for i in state]
@@ -669,23 +669,28 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     return _closed(probing, op_avals, name)
 
 
-def _tangent_directions(theta) -> list:
+def _tangent_directions(theta, batch: tuple = ()) -> list:
     """The directions of the parameters (``theta``: the inexact ones' values)
     the measured tangent follows: one per group, stacked on a leading axis of
     each leaf.  A group is one element of a leaf with few, or one leaf, up to
     ``TANGENT_GROUPS`` groups (leaves beyond share them round robin): each
     group's part of the tangent is checked to its own size, so a parameter
-    whose effect is 1e-9 of another's is not hidden by it.  Within a group the
-    entries are positive and pseudo-random in [1, 2]: an element whose entry
-    were tiny would hardly be checked, and entries of one size cancel for ``a
-    + b`` or ``a - b``."""
+    whose effect is 1e-9 of another's is not hidden by it.  A loop the program
+    vmaps (``batch``: its exit test's shape) runs one loop per batch element: a
+    leaf with those leading axes counts the elements of one (a vmapped
+    ``theta[0]`` and ``theta[1]`` are two groups, each over the batch).  Within
+    a group the entries are positive and pseudo-random in [1, 2]: an element
+    whose entry were tiny would hardly be checked, and entries of one size
+    cancel for ``a + b`` or ``a - b``."""
     if not theta:
         return []
     entries = _probe_start(theta, seed=1)
     top = jnp.maximum(_largest(entries), 1e-30)
     entries = [(1.0 + jnp.abs(e) / top.astype(e.dtype)).astype(e.dtype) for e in entries]
-    sizes = [max(int(np.prod(jnp.shape(x))), 1) for x in theta]
-    # Each leaf's group of every element, ``-1`` for one group of the whole leaf.
+    batched = [bool(batch) and tuple(jnp.shape(x)[:len(batch)]) == tuple(batch) for x in theta]
+    sizes = [max(int(np.prod(jnp.shape(x)[len(batch):] if b else jnp.shape(x))), 1)
+             for x, b in zip(theta, batched)]
+    # Whether each leaf's elements are groups of their own, or the leaf one group.
     split, budget = [], TANGENT_GROUPS - len(theta)
     for n in sizes:
         each = 1 < n <= budget + 1
@@ -699,7 +704,8 @@ def _tangent_directions(theta) -> list:
     directions = []
     for x, e, n, each, g in zip(theta, entries, sizes, split, first):
         # (Built from iotas: the rule's closed jaxpr captures no constants.)
-        element = lax.iota(jnp.int32, n) if each else jnp.zeros(n, jnp.int32)
+        total = max(int(np.prod(jnp.shape(x))), 1)
+        element = lax.iota(jnp.int32, total) % n if each else jnp.zeros(total, jnp.int32)
         group = (element + g) % groups
         mine = group[None, :] == lax.iota(jnp.int32, groups)[:, None]
         directions.append(jnp.where(mine.reshape((groups, *jnp.shape(x))), e[None],
