@@ -469,10 +469,12 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     The bound takes the update's curvature along the path as at most
     ``PATH_MARGIN`` times the iterate's scale; an update curved far more
     (``sin(1e5 x) / 1e5``) leaves the loop's tangent far from ``t*`` when the
-    bound is met.  So the loop's own tangent is carried as well, along one
-    fixed pseudo-random direction of the parameters from a zero start (probed
-    and read steps; ``path``'s last entry is its last change relative to its
-    size): the derivative is read only once it has settled (``_bounds_met``)."""
+    bound is met.  So the loop's own tangent is carried as well, from a zero
+    start along fixed directions of the parameters, one per group
+    (``_tangent_directions``), through the probed and read steps; ``path``'s
+    last entry is its last change above its rounding floor relative to its
+    size (``_tangent_change``): the derivative is read only once it has
+    settled (``_bounds_met``)."""
     cond_n, body_n = loop.cond_n, loop.body_n
     test_shape = loop.cond_jaxpr.outvars[0].aval.shape
     state = list(loop.state)
