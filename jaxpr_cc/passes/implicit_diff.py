@@ -567,6 +567,23 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             return (new, count + running.astype(jnp.int32), v, tan, tan_excess, log_g, log_h,
                     log_w, late, since, measuring, done)
 
+        def _equalized(directions, theta_vals, x_start):
+            # More parameters than groups share them: each one's direction is
+            # scaled by its effect on the update at the start, so a parameter
+            # 1e-9 as effective as its group's other is not hidden by it.
+            scaled = []
+            for k, d in zip(hot, directions):
+                def along(a, k=k):
+                    full = list(theta_vals)
+                    full[k] = a
+                    return f(full, x_start)
+
+                _, effect = jax.jvp(along, (theta_vals[k],), (jnp.sum(d, axis=0),))
+                size = _largest(effect)
+                weight = jnp.where(size > 0, 1.0 / jnp.maximum(size, 1e-30), 1.0)
+                scaled.append((d * weight.astype(d.dtype)).astype(d.dtype))
+            return scaled
+
         def tangent_step(running, theta_vals, carries, tan, tan_excess):
             # The loop's own tangents along fixed directions of the parameters
             # (one per group, ``_tangent_directions``), from a zero start: ``t
@@ -603,6 +620,8 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         v = v_start = _probe_start([carry0[i] for i in state])
         theta_start = [body_consts[k] if kind == "const" else carry0[k] for kind, k in loop.theta]
         directions = _tangent_directions([theta_start[k] for k in hot], test_shape)
+        if len(hot) > TANGENT_GROUPS:
+            directions = _equalized(directions, theta_start, [carry0[i] for i in state])
         groups = directions[0].shape[0] if directions else 1
         tan0 = [jnp.zeros((groups, *jnp.shape(carry0[i])), jnp.result_type(carry0[i]))
                 for i in state]
@@ -675,7 +694,8 @@ def _tangent_directions(theta, batch: tuple = ()) -> list:
     """The directions of the parameters (``theta``: the inexact ones' values)
     the measured tangent follows: one per group, stacked on a leading axis of
     each leaf.  A group is one element of a leaf with few, or one leaf, up to
-    ``TANGENT_GROUPS`` groups (leaves beyond share them round robin): each
+    ``TANGENT_GROUPS`` groups (leaves beyond share them round robin, each then
+    scaled by its effect on the update, ``_equalized``): each
     group's part of the tangent is checked to its own size, so a parameter
     whose effect is 1e-9 of another's is not hidden by it.  A loop the program
     vmaps (``batch``: its exit test's shape) runs one loop per batch element: a
