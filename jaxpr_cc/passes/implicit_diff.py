@@ -567,23 +567,6 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
             return (new, count + running.astype(jnp.int32), v, tan, tan_excess, log_g, log_h,
                     log_w, late, since, measuring, done)
 
-        def _equalized(directions, theta_vals, x_start):
-            # More parameters than groups share them: each one's direction is
-            # scaled by its effect on the update at the start, so a parameter
-            # 1e-9 as effective as its group's other is not hidden by it.
-            scaled = []
-            for k, d in zip(hot, directions):
-                def along(a, k=k):
-                    full = list(theta_vals)
-                    full[k] = a
-                    return f(full, x_start)
-
-                _, effect = jax.jvp(along, (theta_vals[k],), (jnp.sum(d, axis=0),))
-                size = _largest(effect)
-                weight = jnp.where(size > 0, 1.0 / jnp.maximum(size, 1e-30), 1.0)
-                scaled.append((d * weight.astype(d.dtype)).astype(d.dtype))
-            return scaled
-
         def tangent_step(running, theta_vals, carries, tan, tan_excess):
             # The loop's own tangents along fixed directions of the parameters
             # (one per group, ``_tangent_directions``), from a zero start: ``t
@@ -620,8 +603,6 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
         v = v_start = _probe_start([carry0[i] for i in state])
         theta_start = [body_consts[k] if kind == "const" else carry0[k] for kind, k in loop.theta]
         directions = _tangent_directions([theta_start[k] for k in hot], test_shape)
-        if len(hot) > TANGENT_GROUPS:
-            directions = _equalized(directions, theta_start, [carry0[i] for i in state])
         groups = directions[0].shape[0] if directions else 1
         tan0 = [jnp.zeros((groups, *jnp.shape(carry0[i])), jnp.result_type(carry0[i]))
                 for i in state]
@@ -693,11 +674,12 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
 def _tangent_directions(theta, batch: tuple = ()) -> list:
     """The directions of the parameters (``theta``: the inexact ones' values)
     the measured tangent follows: one per group, stacked on a leading axis of
-    each leaf.  A group is one element of a leaf with few, or one leaf, up to
-    ``TANGENT_GROUPS`` groups (leaves beyond share them round robin, each then
-    scaled by its effect on the update, ``_equalized``): each
+    each leaf.  Every leaf is a group of its own, and the elements of small
+    leaves are while the groups number at most ``TANGENT_GROUPS``: each
     group's part of the tangent is checked to its own size, so a parameter
-    whose effect is 1e-9 of another's is not hidden by it.  A loop the program
+    whose effect is 1e-9 of another's is not hidden by it (an effect measured
+    once, at the start, to scale parameters sharing a group, is not what it is
+    along the path).  A loop the program
     vmaps (``batch``: its exit test's shape) runs one loop per batch element: a
     leaf with those leading axes counts the elements of one (a vmapped
     ``theta[0]`` and ``theta[1]`` are two groups, each over the batch).  Within
@@ -722,13 +704,13 @@ def _tangent_directions(theta, batch: tuple = ()) -> list:
     for n, each in zip(sizes, split):
         first.append(g)
         g += n if each else 1
-    groups = min(g, TANGENT_GROUPS)
+    groups = g
     directions = []
     for x, e, n, each, g in zip(theta, entries, sizes, split, first):
         # (Built from iotas: the rule's closed jaxpr captures no constants.)
         total = max(int(np.prod(jnp.shape(x))), 1)
         element = lax.iota(jnp.int32, total) % n if each else jnp.zeros(total, jnp.int32)
-        group = (element + g) % groups
+        group = element + g
         mine = group[None, :] == lax.iota(jnp.int32, groups)[:, None]
         directions.append(jnp.where(mine.reshape((groups, *jnp.shape(x))), e[None],
                                     jnp.zeros_like(e)[None]))
@@ -1088,7 +1070,9 @@ SETTLED_ULPS = 1.0
 TANGENT_ULPS = 64.0
 
 #: The most groups of parameters whose parts of the loop's tangent are
-#: measured apart (``_tangent_directions``): a jvp of the update each per step.
+#: measured apart by splitting small parameters into their elements
+#: (``_tangent_directions``; every parameter is a group of its own): a jvp of
+#: the update each per step.
 TANGENT_GROUPS = 8
 
 #: The largest measured contraction rate at which ``adjoint=auto`` iterates the
