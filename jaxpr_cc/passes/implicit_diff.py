@@ -485,8 +485,7 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     # its own); the bound counts the coarsest.
     ulps = [float(jnp.finfo(op_avals[loop.carry_operand(i)].dtype).eps) for i in state]
     ulp = max(ulps)
-    hot = [k for k, (kind, j) in enumerate(loop.theta)
-           if _inexact(op_avals[loop.const_operand(j) if kind == "const" else loop.carry_operand(j)])]
+    hot = [k for k, j in enumerate(_theta_operands(loop)) if _inexact(op_avals[j])]
 
     def probing(*ops):
         cond_consts, body_consts = ops[:cond_n], ops[cond_n:cond_n + body_n]
@@ -842,6 +841,12 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
                 reverse_ok=True)
 
 
+def _theta_operands(loop: FixedPointLoop) -> list[int]:
+    """The loop equation's operand positions of the update's parameters."""
+    return [loop.const_operand(k) if kind == "const" else loop.carry_operand(k)
+            for kind, k in loop.theta]
+
+
 def _state_update(loop: FixedPointLoop, theta):
     """``f(theta_values, state_values) -> new state values`` evaluating the body's
     state update (the dead-code-eliminated body)."""
@@ -884,10 +889,8 @@ def _tangent_map(loop: FixedPointLoop, solver: "_Solver", op_avals, out_avals, l
     Otherwise: the derivative of the loop as it ran, ``J . t`` with ``J`` the
     loop's Jacobian from primals (``_fallback``), or NaN when the operands are too
     large for it -- never a different number."""
-    theta = loop.theta
-    theta_ops = [loop.const_operand(k) if kind == "const" else loop.carry_operand(k)
-                 for kind, k in theta]
-    f_eval = _state_update(loop, theta)
+    theta_ops = _theta_operands(loop)
+    f_eval = _state_update(loop, loop.theta)
     state_pos = {c: i for i, c in enumerate(loop.state)}
     hot = [k for k, j in enumerate(theta_ops) if _inexact(op_avals[j])]
     op_inexact = [_inexact(a) for a in op_avals]
@@ -1158,8 +1161,8 @@ def _start_bound(count, rate, travelled):
 def _bounds_met(path, rate, count, travelled):
     """Whether the certificate's bounds on the tangent's gap are within
     ``TANGENT_RTOL``: the path's (``_path_bound``), the start's
-    (``_start_bound``), and the measured one: the loop's own tangent along a
-    fixed direction of the parameters has settled (its last change ``(I - J)
+    (``_start_bound``), and the measured one: the loop's own tangents along
+    fixed directions of the parameters have settled (their last change ``(I - J)
     (t - t*)``, over ``1 - s``, within ``TANGENT_RTOL`` of each element, or
     within ``TANGENT_ULPS`` ulps: its rounding floor; ``_tangent_change``).
     False while ``rate`` is NaN or at least 1."""
