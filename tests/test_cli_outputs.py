@@ -746,3 +746,41 @@ def test_exec_names_inputs_that_mix_positional_and_argument_names(tmp_path, caps
                  "-o", str(tmp_path / "o.npz")]) == 2
     err = capsys.readouterr().err
     assert "missing ['b']" in err, err
+
+
+def test_emit_never_replaces_its_inputs_or_a_users_npz(model, tmp_path, capsys):
+    # (adversary stop 37: `emit m.py:f --args-from f.npz --to python -o f.py` replaced
+    # the user's f.npz, the arguments it had just read, with the module's constants.)
+    big = tmp_path / "big.py"
+    big.write_text(textwrap.dedent('''
+        import numpy as np
+        import jax.numpy as jnp
+        C = np.linspace(-1.0, 1.0, 2000, dtype=np.float32)
+
+        def f(x):
+            return x * jnp.asarray(C)[:3] + jnp.asarray(C).sum()
+    '''))
+    args = tmp_path / "f.npz"
+    np.savez(args, arg0=np.array([1.0, 2.0, 3.0], np.float32))
+    before = args.read_bytes()
+    assert main(["emit", f"{big}:f", "--args-from", str(args), "--to", "python",
+                 "-o", str(tmp_path / "f.py")]) == 2
+    err = capsys.readouterr().err
+    assert "f.npz: exists and is not the constants file jaxpr-cc wrote for f.py" in err
+    assert len(err.splitlines()) == 1
+    assert args.read_bytes() == before and not (tmp_path / "f.py").exists()
+    # -o naming an input is refused before anything is read or written.
+    assert main(["emit", f"{big}:f", "--args-from", str(args), "--to", "jaxpr",
+                 "-o", str(args)]) == 2
+    assert "is --args-from" in capsys.readouterr().err and args.read_bytes() == before
+    saved = tmp_path / "f.jcc"
+    assert main(["trace", f"{model}:f", "--args", "f32[5]", "-o", str(saved)]) == 0
+    program_bytes = saved.read_bytes()
+    assert main(["emit", str(saved), "--to", "python", "-o", str(saved)]) == 2
+    assert "is the input program" in capsys.readouterr().err
+    assert saved.read_bytes() == program_bytes
+    # Another name works, and emitting again replaces the sidecar it wrote.
+    for _ in range(2):
+        assert main(["emit", f"{big}:f", "--args-from", str(args), "--to", "python",
+                     "-o", str(tmp_path / "g.py")]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.glob("g.*")) == ["g.npz", "g.py"]

@@ -282,6 +282,34 @@ def test_write_python_module_loads_its_sidecar(tmp_path):
     np.testing.assert_array_equal(np.asarray(g_got), np.asarray(g_want))
 
 
+def test_write_python_replaces_only_its_own_sidecar(tmp_path):
+    # (adversary stop 37: the user's f.npz -- even the --args-from input the CLI had
+    # just read -- was replaced by the module's constants without a word.)
+    program, project = _large_constant_program()
+    theirs = tmp_path / "project.npz"
+    np.savez(theirs, arg0=np.arange(3.0))
+    before = theirs.read_bytes()
+    with pytest.raises(jaxpr_cc.SaveError, match=r"project\.npz: exists and is not the "
+                                                 r"constants file jaxpr-cc wrote for project\.py"):
+        jaxpr_cc.write_python(program, tmp_path / "project.py")
+    assert theirs.read_bytes() == before and not (tmp_path / "project.py").exists()
+    theirs.write_bytes(b"not an npz")
+    with pytest.raises(jaxpr_cc.SaveError, match="is not the constants file"):
+        jaxpr_cc.write_python(program, tmp_path / "project.py")
+    theirs.unlink()
+    # Its own sidecar, from an earlier write of the same module, is replaced.
+    jaxpr_cc.write_python(program, tmp_path / "project.py")
+    jaxpr_cc.write_python(program, tmp_path / "project.py")
+    module = _import_file(tmp_path / "project.py", "emitted_project_again")
+    x = jnp.linspace(-1.0, 1.0, 10, dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(module.project(x)), np.asarray(project(x)))
+    # ... but not one written for another module of the same stem elsewhere renamed.
+    (tmp_path / "project.npz").rename(tmp_path / "other.npz")
+    jaxpr_cc.write_python(program, tmp_path / "sub" / "other.py")  # a new directory: fine
+    with pytest.raises(jaxpr_cc.SaveError, match="wrote for other.py"):
+        jaxpr_cc.write_python(program, tmp_path / "other.py")
+
+
 def test_primitives_without_public_spelling_are_marked_binds():
     def f(x):
         return jax.lax.fft(x, jax.lax.FftType.FFT, (4,))

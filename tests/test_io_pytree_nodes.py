@@ -12,6 +12,7 @@ function.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import zipfile
 
@@ -251,6 +252,28 @@ def test_original_node_with_other_children_is_refused(tmp_path):
     with pytest.raises(TypeError, match=r"args\[0\] has children \['\.x', '\.z'\] where the "
                                         r"saved .*Point has \['\.x', '\.y'\]"):
         loaded(Point(jnp.ones(2), jnp.ones(2)))
+
+
+def test_loaded_program_names_the_argument_that_differs(tmp_path):
+    # (adversary stop 37: a Module fitting its saved node in args[0] was reported as
+    # the difference when args[1]'s static data differed.)
+    @functools.partial(jax.tree_util.register_dataclass, data_fields=["a"],
+                       meta_fields=["scale"])
+    @dataclasses.dataclass
+    class Scaled:
+        a: jax.Array
+        scale: float
+
+    def f(p, s):
+        return p.first * s.a * s.scale
+
+    pair = Pair(jnp.ones(2), jnp.zeros(2))
+    jaxpr_cc.save(jaxpr_cc.trace(f, pair, Scaled(jnp.arange(2.0), 3.0)), tmp_path / "s.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "s.jcc")
+    np.testing.assert_array_equal(loaded(pair, Scaled(jnp.arange(2.0), 3.0)), [0.0, 3.0])
+    with pytest.raises(TypeError, match=r"f: args\[1\] is a .*Scaled with static data \(4\.0,\) "
+                                        r"where the program was traced with \(3\.0,\)"):
+        loaded(pair, Scaled(jnp.arange(2.0), 4.0))
 
 
 # ---------------------------------------------------------------- static data

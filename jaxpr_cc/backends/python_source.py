@@ -37,6 +37,7 @@ import dataclasses
 import os
 import pathlib
 import sys
+import zipfile
 from typing import Any, Sequence
 
 import jax
@@ -128,11 +129,40 @@ def write_python(program, path, *, inline_limit: int = INLINE_LIMIT,
                                 forward_mode=forward_mode)
     written = []
     if module.arrays:
-        _atomic_write(sidecar, lambda f: np.savez(f, **module.arrays))
+        # The user never named the sidecar: only one written for this module may be
+        # replaced (it holds SIDECAR_MARK naming the module), never their own .npz.
+        _check_sidecar_is_ours(sidecar, path.name)
+        marked = {**module.arrays, SIDECAR_MARK: np.array(path.name)}
+        _atomic_write(sidecar, lambda f: np.savez(f, **marked))
         written.append(sidecar)
     _atomic_write(path, lambda f: f.write(module.source.encode()))
     written.append(path)
     return written
+
+
+#: The key of a sidecar's array naming the module it was written for.
+SIDECAR_MARK = "jaxpr_cc_sidecar_of"
+
+
+def _check_sidecar_is_ours(sidecar: pathlib.Path, module_name: str) -> None:
+    """Refuse (SaveError) to replace a file at ``sidecar`` that is not the
+    constants file jaxpr-cc wrote for ``module_name``."""
+    from ..storage.errors import SaveError
+    if not sidecar.exists():
+        return
+    owner = None
+    try:
+        loaded = np.load(sidecar, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        loaded = None  # not an .npz: the user's
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            if SIDECAR_MARK in loaded.files:
+                owner = str(loaded[SIDECAR_MARK])
+    if owner != module_name:
+        raise SaveError(f"{sidecar}: exists and is not the constants file jaxpr-cc wrote for "
+                        f"{module_name}; the module's large constants go there: move it away "
+                        f"or choose another output name")
 
 
 def _atomic_write(path: pathlib.Path, write) -> None:

@@ -265,7 +265,7 @@ def structure_mismatch(given, expected, *, vouched: bool = False) -> str:
     """Where and how the pytree ``given`` differs from ``expected`` (both
     ``PyTreeDef``s of ``(args, kwargs)``): one phrase naming the first difference.
     ``vouched``: ``given`` is a ``like=`` example (see ``same_saved_structure``)."""
-    return _first_difference(given, expected, (), vouched)
+    return _first_difference(given, expected, (), vouched) or "the arguments differ in structure"
 
 
 def _path_text(keys: tuple) -> str:
@@ -303,7 +303,7 @@ def _first_difference(given, expected, keys: tuple, vouched: bool = False) -> st
             found = _first_difference(g, e, keys + (_key_text(e_data[1][2][i]),), vouched)
             if found:
                 return found
-        return f"{here} differs in structure"
+        return ""  # the live node fits the saved one: the difference is elsewhere
     if e_type in (dict, collections.OrderedDict, collections.defaultdict):
         g_keys, e_keys = _dict_keys(e_type, g_data[1]), _dict_keys(e_type, e_data[1])
         if g_keys != e_keys:
