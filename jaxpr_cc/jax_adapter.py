@@ -13,7 +13,7 @@ import inspect
 import os
 import types
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 from jax._src import core as _core
@@ -1707,3 +1707,39 @@ def cache_miss_explanations(on: bool):
     """A context in which JAX explains its tracing cache misses iff ``on``."""
     from jax._src import config as _config
     return _config.explain_cache_misses(on)
+
+
+# --- parameters JAX derives from another parameter of the same equation --------
+# ``reduce`` keeps the user's reducer as a Python function (``computation``) beside
+# the jaxpr traced from it; JAX's rules for ``reduce`` (lowering, jvp) read the
+# jaxpr only, and batching passes the function through.  The IR holds the jaxpr
+# alone -- so a program with a user-written reducer saves, loads and emits -- and
+# the function is made again from the jaxpr when the equation goes back to JAX.
+def _reducer_of(params: dict):
+    run = jaxpr_as_fun(params["jaxpr"])
+
+    def computation(*args):
+        outs = run(*jax.tree_util.tree_leaves(args))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    return computation
+
+
+_DERIVED_PARAMS: dict[str, dict[str, Callable[[dict], Any]]] = {
+    "reduce": {"computation": _reducer_of},
+}
+
+
+def params_for_ir(prim_name: str, params: dict) -> dict:
+    """``params`` without those JAX derives from the others (``_DERIVED_PARAMS``)."""
+    derived = _DERIVED_PARAMS.get(prim_name)
+    if not derived:
+        return params
+    return {k: v for k, v in params.items() if k not in derived}
+
+
+def params_for_jax(prim_name: str, params: dict) -> dict:
+    """``params`` (their regions already jaxprs) with the derived ones made again."""
+    derived = _DERIVED_PARAMS.get(prim_name)
+    if not derived:
+        return params
+    return {**params, **{k: make(params) for k, make in derived.items() if k not in params}}

@@ -88,6 +88,17 @@ def windows(x):
     return pooled, summed, conv, grad_pool
 
 
+def user_reducers(x, i):
+    # Reducers JAX has no monoid for: ``reduce`` keeps the Python function beside
+    # its jaxpr (the IR holds the jaxpr only); ``reduce_window`` the jaxpr alone.
+    total = lax.reduce(x, 0.0, lambda a, b: a + 1.5 * b, (0,))
+    best, at = lax.reduce((x.reshape(2, 3), i.reshape(2, 3)), (-jnp.inf, jnp.int32(0)),
+                          lambda a, b: (jnp.maximum(a[0], b[0]),
+                                        jnp.where(a[0] >= b[0], a[1], b[1])), (1,))
+    window = lax.reduce_window(x, 1.0, lambda a, b: a * b + 0.5, (2,), (1,), "VALID")
+    return total, best, at, window
+
+
 def indexing(x, i):
     x = jnp.asarray(x)
     g = x[jnp.array([0, 2, 5])]
@@ -194,6 +205,7 @@ PROGRAMS = {
     "fft_sort": (fft_sort, (F,)),
     "windows": (windows, (F,)),
     "indexing": (indexing, (F, I32)),
+    "user_reducers": (user_reducers, (F, I32)),
     "control": (control, (F,)),
     "prng": (prng, (np.int32(7), np.array([1, 2], np.uint32))),
     "device_puts": (device_puts, (F,)),

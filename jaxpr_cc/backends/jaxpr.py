@@ -7,7 +7,8 @@ from ..closure.ir_rules import FIRST_ORDER_KEYS, export_params, is_first_order_c
 from ..ir.region import Region
 from ..ir.value import Value
 from ..jax_adapter import (ClosedJaxpr, Jaxpr, Literal, Var, fit_debug_info, jaxpr_from_parts,
-                           input_effects_on, new_jaxpr_eqn, region_trace_context)
+                           input_effects_on, new_jaxpr_eqn, params_for_jax,
+                           region_trace_context)
 
 
 def region_to_jaxpr(region: Region, memo: dict | None = None) -> tuple[Jaxpr, list[Any] | None]:
@@ -41,7 +42,8 @@ def region_to_jaxpr(region: Region, memo: dict | None = None) -> tuple[Jaxpr, li
             # Custom rules inside a shard_map body are re-bound in its context (its
             # manual axes), as JAX traced them there.
             with region_trace_context(prim.name, params):
-                params = {k: _emit_param(p, memo) for k, p in params.items()}
+                params = params_for_jax(prim.name, {k: _emit_param(p, memo)
+                                                    for k, p in params.items()})
         append(new_jaxpr_eqn(ins, outs, prim, params, eqn.effects, eqn.source_info, eqn.ctx))
     outvars = [env[a] if type(a) is Value else a for a in region.outvars]
     dbg = fit_debug_info(region.debug_info, len(invars), len(outvars))

@@ -521,6 +521,38 @@ def _while(ctx, eqn):
     return Call("lax.while_loop", [cond_fn, body_fn, ctx.seq(init)], multiple=True)
 
 
+@rule("reduce")
+def _reduce(ctx, eqn):
+    # A user-written reducer (JAX's monoid ones are reduce_sum etc.): operands and
+    # initial values go in as tuples, so the reducer takes and returns tuples whatever
+    # their number, and lax.reduce stages this same primitive.
+    p = eqn.params
+    if set(p) != {"jaxpr", "dimensions"}:
+        return None
+    n = len(eqn.inputs) // 2
+    reducer = ctx.carry_function(p["jaxpr"], "reducer", [], [n, n], result=[n])
+    return Call("lax.reduce", [ctx.seq(eqn.inputs[:n]), ctx.seq(eqn.inputs[n:]), reducer,
+                               ctx.param(p["dimensions"])], multiple=True)
+
+
+_WINDOW_OPTIONS = ("window_dimensions", "window_strides", "padding", "base_dilation",
+                   "window_dilation")
+
+
+@rule("reduce_window")
+def _reduce_window(ctx, eqn):
+    p = eqn.params
+    # (A reducer closing over an array cannot be traced in JAX 0.10: its consts
+    # param must be hashable.)
+    if set(p) != {"jaxpr", "consts", *_WINDOW_OPTIONS} or p["consts"]:
+        return None
+    n = len(eqn.inputs) // 2
+    reducer = ctx.carry_function(p["jaxpr"], "reducer", [], [n, n], result=[n])
+    return Call("lax.reduce_window",
+                [ctx.seq(eqn.inputs[:n]), ctx.seq(eqn.inputs[n:]), reducer,
+                 *(ctx.param(p[k]) for k in _WINDOW_OPTIONS)], multiple=True)
+
+
 @rule("scan")
 def _scan(ctx, eqn):
     p = eqn.params

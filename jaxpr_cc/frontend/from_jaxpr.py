@@ -14,7 +14,8 @@ from ..ir.equation import Equation
 from ..ir.graph_build import GraphLoader
 from ..ir.region import Region
 from ..ir.value import Value
-from ..jax_adapter import ClosedJaxpr, DropVar, Jaxpr, Literal, input_effects_by_position
+from ..jax_adapter import (ClosedJaxpr, DropVar, Jaxpr, Literal, input_effects_by_position,
+                           params_for_ir)
 
 
 def region_from_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any] | None,
@@ -71,7 +72,8 @@ def _fill(region: Region, jaxpr: Jaxpr, consts, names, memo: dict) -> Region:
         if first_order is not None:
             params = first_order
         elif _any_jaxpr(params):
-            params = {k: _convert_param(p, memo) for k, p in params.items()}
+            params = {k: _convert_param(p, memo)
+                      for k, p in params_for_ir(name, params).items()}
         else:
             params = dict(params)
         # Effects on Ref operands by position: the emitted jaxpr has new Vars.
