@@ -772,7 +772,7 @@ def test_emit_never_replaces_its_inputs_or_a_users_npz(model, tmp_path, capsys):
     # -o naming an input is refused before anything is read or written.
     assert main(["emit", f"{big}:f", "--args-from", str(args), "--to", "jaxpr",
                  "-o", str(args)]) == 2
-    assert "is --args-from" in capsys.readouterr().err and args.read_bytes() == before
+    assert "is the --args-from file" in capsys.readouterr().err and args.read_bytes() == before
     saved = tmp_path / "f.jcc"
     assert main(["trace", f"{model}:f", "--args", "f32[5]", "-o", str(saved)]) == 0
     program_bytes = saved.read_bytes()
@@ -784,3 +784,37 @@ def test_emit_never_replaces_its_inputs_or_a_users_npz(model, tmp_path, capsys):
         assert main(["emit", f"{big}:f", "--args-from", str(args), "--to", "python",
                      "-o", str(tmp_path / "g.py")]) == 0, capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.glob("g.*")) == ["g.npz", "g.py"]
+
+
+def test_no_subcommand_replaces_a_file_it_reads(model, tmp_path, capsys):
+    # (adversary stop 37: trace m.py:f -o m.py, compile p -o p, exec --inputs x -o x
+    # and emit m.py:f -o m.py replaced their own inputs.)
+    saved = tmp_path / "p.jcc"
+    assert main(["trace", f"{model}:f", "--args", "f32[5]", "-o", str(saved)]) == 0
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, arg0=X)
+    originals = {p: p.read_bytes() for p in (model, saved, inputs)}
+    cases = [
+        (["trace", f"{model}:f", "--args", "f32[5]", "-o", str(model)], "the traced module"),
+        (["emit", f"{model}:f", "--args", "f32[5]", "--to", "python", "-o", str(model)],
+         "the input program"),
+        (["opt", str(saved), "-p", "dce", "-o", str(saved)], "the input program"),
+        (["compile", str(saved), "-o", str(saved)], "the input program"),
+        (["exec", str(saved), "--inputs", str(inputs), "-o", str(inputs)], "the --inputs file"),
+        (["exec", str(saved), "--inputs", str(inputs), "-o", str(saved)], "the program"),
+    ]
+    for argv, what in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"is {what}" in err and len(err.splitlines()) == 1, err
+    assert {p: p.read_bytes() for p in originals} == originals
+
+
+def test_a_sidecar_path_that_is_not_a_regular_file_is_refused(tmp_path):
+    # (adversary stop 37: a FIFO at OUT.npz made emit hang reading it.)
+    weights = np.linspace(0.0, 1.0, 100, dtype=np.float32)
+    program = jaxpr_cc.trace(lambda x: x * jnp.asarray(weights), jnp.ones(100))
+    os.mkfifo(tmp_path / "m.npz")
+    with pytest.raises(SaveError, match="m.npz: exists and is not a regular file"):
+        jaxpr_cc.write_python(program, tmp_path / "m.py")
+    assert not (tmp_path / "m.py").exists()

@@ -276,6 +276,23 @@ def test_loaded_program_names_the_argument_that_differs(tmp_path):
         loaded(pair, Scaled(jnp.arange(2.0), 4.0))
 
 
+def test_loaded_program_names_keyword_differences_after_a_custom_node(tmp_path):
+    # (adversary stop 37: with a custom node among the positional arguments, a
+    # keyword argument's missing or extra key was reported as "args differs".)
+    def f(p, *, kw):
+        return p.first * kw["z"]
+
+    pair = Pair(jnp.ones(2), jnp.zeros(2))
+    program = jaxpr_cc.trace(f, pair, kw={"z": jnp.ones(2)})
+    jaxpr_cc.save(program, tmp_path / "k.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "k.jcc")
+    for call in (program, loaded):
+        with pytest.raises(TypeError, match=r"kwargs\['kw'\] has unexpected keys \['y'\]"):
+            call(pair, kw={"z": jnp.ones(2), "y": jnp.ones(2)})
+        with pytest.raises(TypeError, match=r"kwargs lacks keys \['kw'\]"):
+            call(pair)
+
+
 # ---------------------------------------------------------------- static data
 # jax.jit compares a node's auxiliary data (equinox static fields, register_dataclass
 # meta fields, tree_flatten's aux) and traces again when it differs; a program

@@ -148,8 +148,11 @@ def _check_sidecar_is_ours(sidecar: pathlib.Path, module_name: str) -> None:
     """Refuse (SaveError) to replace a file at ``sidecar`` that is not the
     constants file jaxpr-cc wrote for ``module_name``."""
     from ..storage.errors import SaveError
-    if not sidecar.exists():
+    if not os.path.lexists(sidecar):
         return
+    if not sidecar.is_file():  # a FIFO, a device, a directory, a dangling link: not ours
+        raise SaveError(f"{sidecar}: exists and is not a regular file; the module's large "
+                        f"constants go there: move it away or choose another output name")
     owner = None
     try:
         loaded = np.load(sidecar, allow_pickle=False)

@@ -48,7 +48,7 @@ def run(args) -> int:
     if args.output == STDOUT and args.show:
         raise CliError("--show prints to stdout, which -o - already takes for the executable; "
                        "give -o a file name or drop --show")
-    check_writable(args.output)
+    check_writable(args.output, [(args.program, "the input program")])
     program = load_program_arg(args.program, args.args_spec)
     pipeline = default_pipeline() if args.pipeline is None else args.pipeline
     if pipeline:

@@ -10,7 +10,6 @@ first, then the flattened arguments, as ``program.to_jaxpr()`` does.
 """
 from __future__ import annotations
 
-import os
 import re
 
 from .errors import CliError
@@ -44,11 +43,8 @@ def run(args) -> int:
     if args.to != "python" and args.forward_mode:
         raise CliError(f"--forward-mode applies to --to python only, not --to {args.to}: "
                        f"drop it")
-    check_writable(args.output)
-    for given, what in ((args.program, "the input program"), (args.args_from, "--args-from")):
-        if given and _same_file(args.output, given):
-            raise CliError(f"-o {args.output}: is {what}; emitting would replace it with "
-                           f"{args.to} text: choose another output name")
+    check_writable(args.output, [(args.program, "the input program"),
+                                 (args.args_from, "the --args-from file")])
     program = load_program_arg(args.program, args.args_spec, args.args_from)
     if args.to == "python" and args.output.endswith(".py"):
         # A module file may keep large constants in a sidecar .npz next to it.
@@ -57,13 +53,6 @@ def run(args) -> int:
     text = emit(program, args.to, args.program, forward_mode=args.forward_mode)
     write_output(args.output, text if text.endswith("\n") else text + "\n")
     return 0
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return False  # one does not exist (a new output, a module:function spec)
 
 
 def _python_backend(where: str):

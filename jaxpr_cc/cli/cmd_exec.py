@@ -43,7 +43,8 @@ def run(args) -> int:
     from .loading import is_executable, load_saved, read_input_bytes, read_npz
     from .output import check_writable, write_output
 
-    check_writable(args.output)
+    check_writable(args.output, [(args.program, "the program"),
+                                 (args.inputs, "the --inputs file")])
     arrays = read_npz(args.inputs, "--inputs", single_name=SINGLE_ARRAY)
     # Read once: the program may come from a pipe or FIFO (`<(cat p.jcc)`, `-`).
     data = read_input_bytes(args.program, "program")

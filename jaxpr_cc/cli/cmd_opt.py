@@ -99,7 +99,7 @@ def run(args) -> int:
     except ValueError as e:
         raise CliError(f"--{str(e).replace('_', '-')}") from e
     if args.output:
-        check_writable(args.output)
+        check_writable(args.output, [(args.program, "the input program")])
     program = load_program_arg(args.program, args.args_spec)
     try:
         # Keep the loaded program untouched (one copy), so that a crash reproducer

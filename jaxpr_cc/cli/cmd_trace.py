@@ -33,7 +33,8 @@ def run(args) -> int:
     from .output import check_writable, write_output
     if ":" not in args.target:
         raise CliError(f"{args.target!r}: expected MODULE_OR_FILE:FUNCTION, e.g. model.py:loss")
-    check_writable(args.output)
+    check_writable(args.output, [(args.target, "the traced module"),
+                                 (args.args_from, "the --args-from file")])
     program = trace_target(args.target, args.args_spec, args.args_from)
     try:
         data = dumps(program)

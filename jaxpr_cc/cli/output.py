@@ -210,14 +210,38 @@ def write_errors(path: str):
         raise CliError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
-def check_writable(path: str) -> None:
+def check_writable(path: str, inputs=()) -> None:
     """Fail early (before a long step) when ``path`` cannot be written; the same
-    rules as the file writer's (:func:`jaxpr_cc.storage.atomic.check_path`)."""
+    rules as the file writer's (:func:`jaxpr_cc.storage.atomic.check_path`).
+    ``inputs``: ``(given, what)`` for each file the command reads (a path, or a
+    ``FILE.py:FUNCTION`` target): ``-o`` naming one of them is refused, since the
+    command would replace what it reads."""
     if results_path(path) == STDOUT:
         return
+    for given, what in inputs:
+        read = _input_file(given) if given else None
+        if read is not None and _same_file(path, read):
+            raise CliError(f"-o {path}: is {what} ({given}); the command would replace it: "
+                           f"choose another output name")
     from ..storage.atomic import check_path
     from ..storage.errors import SaveError
     try:
         check_path(path)
     except SaveError as e:
         raise CliError(f"{e}; -o takes a file name ('-' for stdout)") from None
+
+
+def _input_file(given: str) -> str | None:
+    """The file a command's input names: the path itself, or the file of a
+    ``FILE.py:FUNCTION`` target; None for a module name."""
+    if os.path.exists(given):
+        return given
+    head, sep, _ = given.rpartition(":")
+    return head if sep and os.path.isfile(head) else None
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False  # a new output
