@@ -590,9 +590,11 @@ def _eqn_linearity(eqn, flags: list[bool], zeros: list[bool], used):
         if not all(read):
             sub, _ = jx.dce_jaxpr(sub, read, instantiate=True)
         problem, outs, out_zero = _scan(sub, flags, zeros, check_outputs=False)
+        if problem is not None:
+            return problem.within(eqn), None, None
         if not all(read):
             outs, out_zero = _expand(outs, read), _expand(out_zero, read)
-        return (problem.within(eqn) if problem is not None else None), outs, out_zero
+        return None, outs, out_zero
     if not jx.has_transpose_rule(eqn.primitive):
         return (Problem(eqn, f"'{name}' is not a linear operation (it has no transpose rule)"),
                 None, None)
