@@ -188,6 +188,18 @@ def change_over_two_steps(theta):
                           (jnp.zeros_like(theta), jnp.float32(jnp.inf)))[0]
 
 
+def change_over_two_carried_steps(theta):
+    """Carries (x, x_(k-1), x_(k-2)) and tests |x - x_(k-2)| (adversary 2, stop 37:
+    the reason said the previous iterate was not updated)."""
+    def advance(s):
+        x, x1, _ = s
+        return update(x, theta), x, x1
+
+    zero = jnp.zeros_like(theta)
+    return lax.while_loop(lambda s: jnp.linalg.norm(s[0] - s[2]) > 1e-6, advance,
+                          (zero, zero + 1.0, zero + 2.0))[0]
+
+
 def residual_value_test(theta):
     """|T(x)| > tol: a test of the iterate's value, not of a residual."""
     return lax.while_loop(lambda x: jnp.linalg.norm(update(x, theta)) > 10.0,
@@ -198,6 +210,7 @@ def residual_value_test(theta):
     (residual_of_another_map, "with g not the loop's update T"),
     (residual_with_other_parameters, "with g not the loop's update T"),
     (change_over_two_steps, "a change over two iterations"),
+    (change_over_two_carried_steps, "a change over two iterations"),
     (residual_value_test, "not its change between iterations"),
 ])
 def test_exit_tests_that_are_not_residuals_are_left_alone(fun, fragment):

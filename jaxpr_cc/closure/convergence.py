@@ -63,6 +63,10 @@ def carry_kinds(body, body_n: int) -> tuple[list[str], dict[int, int]] | str:
             if not is_inexact(carries[i].aval):
                 kinds[i] = COUNTER
                 continue
+            if kinds[j] == PREVIOUS:
+                return (f"carry {i} copies carry {j}, itself the previous iterate: a change "
+                        f"over two iterations, which a period-2 orbit also makes small, is "
+                        f"not a convergence test")
             return f"carry {i} copies carry {j}, which the iteration does not update"
     return kinds, copies
 

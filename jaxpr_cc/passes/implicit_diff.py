@@ -68,7 +68,7 @@ memory independent of the iteration count, and a gradient where JAX has none.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import jax
@@ -670,6 +670,19 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     return _closed(probing, op_avals, name)
 
 
+def _calls_custom_jvp(jaxpr) -> bool:
+    """Whether ``jaxpr`` (a Jaxpr) calls a custom_jvp rule, in nested jaxprs too."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "custom_jvp_call":
+            return True
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, tuple) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if isinstance(inner, jx.Jaxpr) and _calls_custom_jvp(inner):
+                    return True
+    return False
+
+
 def _tangent_directions(theta, batch: tuple = ()) -> list:
     """The directions of the parameters (``theta``: the inexact ones' values)
     the measured tangent follows: one per group, stacked on a leading axis of
@@ -788,23 +801,43 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
     call = _counting_loop(loop, op_avals, f"{info.name}_loop")
     call_region = region_from_closed_jaxpr(call)
     state_size = sum(int(np.prod(eqn.outputs[i].aval.shape)) for i in loop.state)
+    out_avals = [v.aval for v in eqn.outputs]
     # (``original``: the loop before the loops it holds were rewritten.)
     loop_fn = functools.partial(
         jx.eval_jaxpr, original if original is not None else
         region_to_closed_jaxpr(_loop_region(eqn)).jaxpr, ())
-    tangent = _tangent_map(loop, _Solver(options, state_size), op_avals,
-                           [v.aval for v in eqn.outputs], loop_fn, options, start_may_move)
     t_avals = [jx.to_cotangent_aval(a) for a in op_avals if _inexact(a)]
-    # The derivative path runs the loop with a probe of its tangent map (see
-    # _probing_loop); plain evaluation runs the counting loop.  Levels below the
-    # outermost hand the probe's bound up as an extra result.
-    probing = _probing_loop(loop, op_avals, f"{info.name}_probe")
-    primal = functools.partial(jx.eval_jaxpr, probing.jaxpr, ())
+    # Each level's loop: the outermost is the loop itself; each level below gives
+    # the derivatives of the one above's iterates, which JAX forms from the loop's
+    # jvp -- the update with its custom_jvp calls replaced by their rules, whose
+    # primal code JAX differentiates as written (``_rules_inlined``).
+    levels = [loop]
+    for _ in range(options.depth - 1):
+        levels.append(_rules_inlined(levels[-1], op_avals, info.name))
+    made: dict = {}  # id(level loop) -> (tangent map, probing loop): one per loop
+
+    def pieces(level_loop):
+        if id(level_loop) not in made:
+            level_fn = loop_fn if level_loop is loop else _results_of(level_loop, op_avals,
+                                                                      info.name)
+            # The derivative path runs the loop with a probe of its tangent map (see
+            # _probing_loop); plain evaluation runs the counting loop.  Levels
+            # below the outermost hand the probe's bound up as an extra result.
+            made[id(level_loop)] = (
+                _tangent_map(level_loop, _Solver(options, state_size), op_avals, out_avals,
+                             level_fn, options, start_may_move),
+                _probing_loop(level_loop, op_avals, f"{info.name}_probe"))
+        return made[id(level_loop)]
+
     rule = None
+    primal = None
     for level in range(options.depth):
         outermost = level == options.depth - 1
+        tangent, probing = pieces(levels[options.depth - 1 - level])
+        if primal is None:
+            primal = functools.partial(jx.eval_jaxpr, probing.jaxpr, ())
 
-        def jvp(*args, primal=primal, outermost=outermost):
+        def jvp(*args, primal=primal, outermost=outermost, tangent=tangent):
             ops, t_ops = list(args[:len(op_avals)]), list(args[len(op_avals):])
             outs = list(primal(*ops))
             n = loop.n_carry
@@ -839,6 +872,47 @@ def _custom_jvp_params(eqn: Equation, loop: FixedPointLoop, options: ImplicitDif
                 num_consts=0, symbolic_zeros=False, name=info.name,
                 source=info.source, const_names=(), closed_over="auto", max_forward_size=4096,
                 reverse_ok=True)
+
+
+def _rules_inlined(loop: FixedPointLoop, op_avals, name: str) -> FixedPointLoop:
+    """``loop`` with the body (and its state update) that JAX's jvp of the loop
+    iterates: each custom_jvp call replaced by its rule, whose primal results are
+    plain code -- a rule that is not the derivative of its primal gives the
+    loop's second derivative from that code's derivative.  The primal part of a
+    jvp along ones (integer operands unperturbed); ``loop`` itself when its
+    update calls no custom_jvp."""
+    if not _calls_custom_jvp(loop.body_jaxpr):
+        return loop
+    body_avals = [*op_avals[loop.cond_n:loop.cond_n + loop.body_n],
+                  *op_avals[loop.cond_n + loop.body_n:]]
+    f_avals = [v.aval for v in loop.f_jaxpr.invars]
+    try:
+        body = _closed(_through_rules(loop.body_jaxpr), body_avals, f"{name}_inlined_body")
+        f = _closed(_through_rules(loop.f_jaxpr), f_avals, f"{name}_inlined_update")
+    except RuntimeError:  # a rule capturing constants: its own derivative stays
+        return loop
+    return replace(loop, body_jaxpr=body.jaxpr, f_jaxpr=f.jaxpr)
+
+
+def _through_rules(jaxpr):
+    def run(*ins):
+        hot = [i for i, x in enumerate(ins) if _inexact(jax.typeof(x))]
+
+        def at(*hot_values):
+            full = list(ins)
+            for i, v in zip(hot, hot_values):
+                full[i] = v
+            return list(jx.eval_jaxpr(jaxpr, (), *full))
+        primals = tuple(ins[i] for i in hot)
+        outs, _ = jax.jvp(at, primals, tuple(jnp.ones_like(x) for x in primals))
+        return outs
+    return run
+
+
+def _results_of(loop: FixedPointLoop, op_avals, name: str):
+    """The loop's results as a function of its operands (its counting loop)."""
+    counting = _counting_loop(loop, op_avals, f"{name}_inlined_loop")
+    return lambda *ops: list(jx.eval_jaxpr(counting.jaxpr, (), *ops))[:loop.n_carry]
 
 
 def _theta_operands(loop: FixedPointLoop) -> list[int]:
