@@ -1583,6 +1583,22 @@ def subjaxprs_of(eqn) -> list:
             elif isinstance(v, Jaxpr):
                 out.append(v)
     return out
+
+
+def calls_primitive(jaxpr, name: str) -> bool:
+    """Whether ``jaxpr`` (a Jaxpr) binds the primitive ``name``, in the jaxprs its
+    equations hold too (each looked at once)."""
+    stack, seen = [jaxpr], set()
+    while stack:
+        j = stack.pop()
+        if id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            if eqn.primitive.name == name:
+                return True
+            stack.extend(subjaxprs_of(eqn))
+    return False
 # ---------------------------------------------------------------------------
 
 

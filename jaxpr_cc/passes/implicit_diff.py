@@ -670,19 +670,6 @@ def _probing_loop(loop: FixedPointLoop, op_avals, name: str):
     return _closed(probing, op_avals, name)
 
 
-def _calls_custom_jvp(jaxpr) -> bool:
-    """Whether ``jaxpr`` (a Jaxpr) calls a custom_jvp rule, in nested jaxprs too."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "custom_jvp_call":
-            return True
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, tuple) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if isinstance(inner, jx.Jaxpr) and _calls_custom_jvp(inner):
-                    return True
-    return False
-
-
 def _tangent_directions(theta, batch: tuple = ()) -> list:
     """The directions of the parameters (``theta``: the inexact ones' values)
     the measured tangent follows: one per group, stacked on a leading axis of
@@ -881,7 +868,7 @@ def _rules_inlined(loop: FixedPointLoop, op_avals, name: str) -> FixedPointLoop:
     loop's second derivative from that code's derivative.  The primal part of a
     jvp along ones (integer operands unperturbed); ``loop`` itself when its
     update calls no custom_jvp."""
-    if not _calls_custom_jvp(loop.body_jaxpr):
+    if not jx.calls_primitive(loop.body_jaxpr, "custom_jvp_call"):
         return loop
     body_avals = [*op_avals[loop.cond_n:loop.cond_n + loop.body_n],
                   *op_avals[loop.cond_n + loop.body_n:]]

@@ -728,7 +728,7 @@ def _late_with_forward_mode(closed):
     rules it calls: the bodies traced up front got it from the pass itself (it
     rewrites the rules inside a rule's bodies first), these come too late for it."""
     plain = body(closed)
-    if plain.consts or not _calls_custom_vjp(plain.jaxpr):
+    if plain.consts or not jx.calls_primitive(plain.jaxpr, "custom_vjp_call"):
         return closed
     if forward_mode_is_made_as_regions():  # for a saved program: rewritten now
         rewritten = forward_mode_region(region_from_closed_jaxpr(plain),
@@ -741,20 +741,6 @@ def _late_with_forward_mode(closed):
     with forward_mode_on_demand(_rewritten_rule):
         out = region_to_closed_jaxpr(region_from_closed_jaxpr(plain))
     return marked(out, symbolic_outputs(closed))
-
-
-def _calls_custom_vjp(jaxpr) -> bool:
-    stack, seen = [jaxpr], set()
-    while stack:
-        j = stack.pop()
-        if id(j) in seen:
-            continue
-        seen.add(id(j))
-        for eqn in j.eqns:
-            if eqn.primitive.name == "custom_vjp_call":
-                return True
-            stack.extend(jx.subjaxprs_of(eqn))
-    return False
 
 
 def forward_mode_region(call, pipeline: str | None = None):
@@ -794,7 +780,7 @@ def _body_with_forward_mode(closed):
     first-order first, then all given their forward mode on demand."""
     from ..frontend.staged_rules import convert_program
     plain = body(closed)
-    if plain.consts or not _calls_custom_vjp(plain.jaxpr):
+    if plain.consts or not jx.calls_primitive(plain.jaxpr, "custom_vjp_call"):
         return plain
     program = _flat_program(region_from_closed_jaxpr(plain), "forward_only")
     convert_program(program)
