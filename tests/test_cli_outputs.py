@@ -818,3 +818,63 @@ def test_a_sidecar_path_that_is_not_a_regular_file_is_refused(tmp_path):
     with pytest.raises(SaveError, match="m.npz: exists and is not a regular file"):
         jaxpr_cc.write_python(program, tmp_path / "m.py")
     assert not (tmp_path / "m.py").exists()
+
+
+def _run_cli(argv, cwd, stdin=None):
+    with open(stdin, "rb") if stdin else open(os.devnull, "rb") as f:
+        return subprocess.run([sys.executable, "-m", "jaxpr_cc.cli.main", *argv], cwd=cwd,
+                              stdin=f, capture_output=True, text=True, timeout=300)
+
+
+def test_files_read_another_way_are_not_replaced_either(tmp_path):
+    # (adversary 5, stop 37: a MODULE:FUNCTION target's file, a module the traced
+    # file imports, and a program read from stdin redirected from the -o file were
+    # replaced.)
+    (tmp_path / "helper.py").write_text("SCALE = 2.0\n")
+    (tmp_path / "f.py").write_text("import jax.numpy as jnp\nfrom helper import SCALE\n\n"
+                                   "def f(x):\n    return jnp.sin(x) * SCALE\n")
+    originals = {name: (tmp_path / name).read_bytes() for name in ("f.py", "helper.py")}
+    for argv in (["trace", "f:f", "--args", "f32[3]", "-o", "f.py"],
+                 ["emit", "f:f", "--args", "f32[3]", "--to", "python", "-o", "f.py"],
+                 ["trace", "f.py:f", "--args", "f32[3]", "-o", "helper.py"]):
+        done = _run_cli(argv, tmp_path)
+        assert done.returncode == 2 and "a module the command imported" in done.stderr, argv
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert {n: (tmp_path / n).read_bytes() for n in originals} == originals
+    assert _run_cli(["trace", "f.py:f", "--args", "f32[3]", "-o", "p.jcc"], tmp_path).returncode == 0
+    program = (tmp_path / "p.jcc").read_bytes()
+    for argv in (["emit", "--to", "jaxpr", "-", "-o", "p.jcc"],
+                 ["opt", "-", "-p", "cse", "-o", "p.jcc"]):
+        done = _run_cli(argv, tmp_path, stdin=tmp_path / "p.jcc")
+        assert done.returncode == 2 and "read from stdin" in done.stderr, done.stderr
+        assert (tmp_path / "p.jcc").read_bytes() == program
+
+
+def test_golden_update_never_writes_through_a_link(tmp_path, capsys):
+    # (adversary 5, stop 37: links in the expected directory to the program and to
+    # a user's file were written through.)
+    programs, expected = tmp_path / "progs", tmp_path / "E"
+    programs.mkdir()
+    (expected / "01_p").mkdir(parents=True)
+    source = textwrap.dedent('''
+        import jax.numpy as jnp
+        TAGS = ("elementwise", "float32")
+        SUPPORTS = ("jit",)
+
+        def fun(x):
+            return jnp.sin(x)
+
+        def example_args():
+            return (jnp.ones(3, jnp.float32),)
+    ''')
+    (programs / "01_p.py").write_text(source)
+    (tmp_path / "user.txt").write_text("precious\n")
+    (expected / "01_p" / "python.py.txt").symlink_to(programs / "01_p.py")
+    (expected / "01_p" / "numerics.txt").symlink_to(tmp_path / "user.txt")
+    assert main(["golden", "update", str(programs / "01_p.py"), "--expected", str(expected)]) == 2
+    err = capsys.readouterr().err
+    assert "is a symbolic link, not a golden file update wrote" in err and len(err.splitlines()) == 1
+    assert (programs / "01_p.py").read_text() == source
+    assert (tmp_path / "user.txt").read_text() == "precious\n"
+    assert sorted(p.name for p in (expected / "01_p").iterdir()) == ["numerics.txt",
+                                                                      "python.py.txt"]

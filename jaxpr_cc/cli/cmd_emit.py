@@ -66,7 +66,8 @@ def _python_backend(where: str):
 
 def write_python_file(program, path: str, where: str, forward_mode: bool = False) -> None:
     from ..storage.errors import SaveError
-    from .output import write_errors
+    from .output import refuse_imported_files, write_errors
+    refuse_imported_files(path)
     backend = _python_backend(where)
     with write_errors(path):
         try:

@@ -88,6 +88,7 @@ def load_extra(target: str) -> None:
 def run(args) -> int:
     _ensure_host_devices()
     from ..golden.runner import GoldenUsageError, run_golden
+    from ..golden.store import GoldenFileError
     from .progress import progress
     if args.max_diff_lines < 0:
         raise CliError("--max-diff-lines must be 0 (all) or a positive number")
@@ -98,7 +99,7 @@ def run(args) -> int:
         with progress(f"golden {args.golden_action}"):
             report = run_golden(args.paths, keywords=args.keywords, pipeline=args.pipeline,
                                 update=update, expected_root=args.expected)
-    except GoldenUsageError as e:
+    except (GoldenUsageError, GoldenFileError) as e:
         raise CliError(str(e)) from e
     sys.stdout.write(report.render(args.max_diff_lines))
     sys.stdout.flush()

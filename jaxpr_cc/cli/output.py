@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import re
 import sys
 
@@ -187,6 +188,8 @@ def results_path(path: str) -> str:
 def write_output(path: str, data: bytes | str) -> None:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     path = results_path(path)
+    if path != STDOUT:
+        refuse_imported_files(path)
     if path == STDOUT:
         if not isinstance(data, str) and stdout_is_terminal():
             raise CliError("-o -: refusing to write a binary file to a terminal; redirect "
@@ -219,6 +222,11 @@ def check_writable(path: str, inputs=()) -> None:
     if results_path(path) == STDOUT:
         return
     for given, what in inputs:
+        if given == "-":  # read from stdin: a file redirected into it is read too
+            if _is_stdin(path):
+                raise CliError(f"-o {path}: is {what}, read from stdin; the command would "
+                               f"replace it: choose another output name")
+            continue
         read = _input_file(given) if given else None
         if read is not None and _same_file(path, read):
             raise CliError(f"-o {path}: is {what} ({given}); the command would replace it: "
@@ -245,3 +253,35 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except (OSError, ValueError):
         return False  # a new output
+
+
+def _is_stdin(path: str) -> bool:
+    try:
+        given, read = os.stat(path), os.fstat(0)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(read.st_mode) and (given.st_dev, given.st_ino) == (read.st_dev,
+                                                                           read.st_ino)
+
+
+def refuse_imported_files(path: str) -> None:
+    """Refuse ``-o`` naming a Python file the command imported (a ``MODULE:FUNCTION``
+    target's module, a module it imports): checked before writing, once the
+    imports are done."""
+    try:
+        given = os.stat(path)
+    except (OSError, ValueError):
+        return  # a new file
+    if not stat.S_ISREG(given.st_mode):
+        return
+    for module in list(sys.modules.values()):
+        source = getattr(module, "__file__", None)
+        if not source:
+            continue
+        try:
+            st = os.stat(source)
+        except (OSError, ValueError):
+            continue
+        if (st.st_dev, st.st_ino) == (given.st_dev, given.st_ino):
+            raise CliError(f"-o {path}: is {source}, a module the command imported; it "
+                           f"would replace it: choose another output name")

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping
 
 __all__ = ["EXPECTED_DIRNAME", "PROGRAMS_DIRNAME", "SyncResult", "expected_root_for",
            "list_view_files", "read_text", "stale_program_dirs", "sync_views",
-           "unified_diff", "write_text_atomic"]
+           "unified_diff", "write_text_atomic", "GoldenFileError"]
 
 EXPECTED_DIRNAME = "expected"
 PROGRAMS_DIRNAME = "programs"
@@ -39,8 +39,21 @@ def read_text(path: pathlib.Path) -> str:
         return f.read().replace("\r\n", "\n")
 
 
+class GoldenFileError(ValueError):
+    """A golden file that ``update`` must not write (a one-line CLI error)."""
+
+
+def refuse_link(path: pathlib.Path) -> None:
+    """Golden files are regular files ``update`` writes; a link there is someone
+    else's, and writing through it would replace its target."""
+    if path.is_symlink():
+        raise GoldenFileError(f"{path}: is a symbolic link, not a golden file update wrote; "
+                              f"replace it with a regular file or remove it")
+
+
 def write_text_atomic(path: pathlib.Path, text: str) -> None:
     from ..storage.atomic import write_bytes  # jaxpr-cc's one file writer
+    refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes(path, text.encode("utf-8"))
 
@@ -119,6 +132,9 @@ def sync_views(directory: pathlib.Path, views: Mapping[str, str], *, update: boo
     write the views that differ and remove stale files."""
     statuses: list[ViewStatus] = []
     present = set(list_view_files(directory))
+    if update:  # refused before anything is written
+        for name in sorted(views):
+            refuse_link(directory / name)
     for name in sorted(views):
         path = directory / name
         actual = views[name]
