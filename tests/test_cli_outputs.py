@@ -838,7 +838,7 @@ def test_files_read_another_way_are_not_replaced_either(tmp_path):
                  ["emit", "f:f", "--args", "f32[3]", "--to", "python", "-o", "f.py"],
                  ["trace", "f.py:f", "--args", "f32[3]", "-o", "helper.py"]):
         done = _run_cli(argv, tmp_path)
-        assert done.returncode == 2 and "a module the command imported" in done.stderr, argv
+        assert done.returncode == 2 and "a file the command read" in done.stderr, argv
         assert len(done.stderr.splitlines()) == 1, done.stderr
     assert {n: (tmp_path / n).read_bytes() for n in originals} == originals
     assert _run_cli(["trace", "f.py:f", "--args", "f32[3]", "-o", "p.jcc"], tmp_path).returncode == 0
@@ -878,3 +878,123 @@ def test_golden_update_never_writes_through_a_link(tmp_path, capsys):
     assert (tmp_path / "user.txt").read_text() == "precious\n"
     assert sorted(p.name for p in (expected / "01_p").iterdir()) == ["numerics.txt",
                                                                       "python.py.txt"]
+
+
+def test_files_the_traced_code_loaded_by_hand_or_from_a_zip_are_not_replaced(tmp_path):
+    # (adversary 6, stop 37: a module loaded with importlib but not registered, one
+    # imported from a zip, and a module that swaps its own sys.modules entry.)
+    import zipfile as zf
+    (tmp_path / "hid.py").write_text("SCALE = 3.0\n")
+    with zf.ZipFile(tmp_path / "lib.zip", "w") as z:
+        z.writestr("zmod.py", "SCALE = 5.0\n")
+    (tmp_path / "t.py").write_text(textwrap.dedent('''
+        import importlib.util, os, sys
+        import jax.numpy as jnp
+        here = os.path.dirname(os.path.abspath(__file__))
+
+        def h(x):
+            spec = importlib.util.spec_from_file_location("hid", os.path.join(here, "hid.py"))
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return x * module.SCALE
+
+        def z(x):
+            sys.path.insert(0, os.path.join(here, "lib.zip"))
+            import zmod
+            return x * zmod.SCALE
+    '''))
+    (tmp_path / "wrapmod.py").write_text(textwrap.dedent('''
+        import sys, types
+        import jax.numpy as jnp
+
+        def _f(x):
+            return jnp.sin(x)
+
+        sys.modules[__name__] = types.SimpleNamespace(f=_f)
+    '''))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for target, out in (("t.py:h", "hid.py"), ("t.py:z", "lib.zip"), ("wrapmod:f", "wrapmod.py")):
+        done = _run_cli(["trace", target, "--args", "f32[3]", "-o", out], tmp_path)
+        assert done.returncode == 2 and "a file the command read" in done.stderr, done.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_sidecar_links_and_failed_writes_leave_nothing(tmp_path):
+    # (adversary 6, stop 37: a sidecar written through a link into another
+    # module's sidecar; a sidecar left behind when the module could not be
+    # written; a linked OUT.py got its sidecar beside the link, not the module.)
+    weights = np.linspace(-1.0, 1.0, 100, dtype=np.float32)
+    program = jaxpr_cc.trace(lambda x: x * jnp.asarray(weights), jnp.ones(100))
+    (tmp_path / "s2").mkdir()
+    jaxpr_cc.write_python(program, tmp_path / "s2" / "out.py")
+    theirs = (tmp_path / "s2" / "out.npz").read_bytes()
+    (tmp_path / "s1").mkdir()
+    (tmp_path / "s1" / "out.npz").symlink_to(tmp_path / "s2" / "out.npz")
+    with pytest.raises(SaveError, match="is not a regular file"):
+        jaxpr_cc.write_python(program, tmp_path / "s1" / "out.py")
+    assert (tmp_path / "s2" / "out.npz").read_bytes() == theirs
+    (tmp_path / "a" / "out.py").mkdir(parents=True)
+    with pytest.raises(SaveError):
+        jaxpr_cc.write_python(program, tmp_path / "a" / "out.py")
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["out.py"]
+    (tmp_path / "L2").mkdir()
+    (tmp_path / "L1").mkdir()
+    (tmp_path / "L2" / "real.py").write_text("# to be replaced\n")
+    (tmp_path / "L1" / "out.py").symlink_to(tmp_path / "L2" / "real.py")
+    jaxpr_cc.write_python(program, tmp_path / "L1" / "out.py")
+    assert sorted(p.name for p in (tmp_path / "L2").iterdir()) == ["real.npz", "real.py"]
+    module = {"__file__": str(tmp_path / "L2" / "real.py")}
+    exec(compile((tmp_path / "L2" / "real.py").read_text(), str(tmp_path / "L2" / "real.py"),
+                 "exec"), module)
+    x = jnp.arange(100.0, dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(module[program.name](x)), np.asarray(x * weights))
+
+
+def test_any_exception_of_user_code_is_one_line(tmp_path):
+    # (adversary 6, stop 37: a BaseException subclass printed a traceback.)
+    (tmp_path / "b.py").write_text("class Boom(BaseException):\n    pass\n\n"
+                                   "def f(x):\n    raise Boom('boom')\n")
+    done = _run_cli(["trace", "b.py:f", "--args", "f32[3]", "-o", "p.jcc"], tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "Boom: boom" in done.stderr and not (tmp_path / "p.jcc").exists()
+
+
+def test_golden_update_checks_every_program_before_writing_any(tmp_path, capsys):
+    # (adversary 6, stop 37: programs before the one holding a link were already
+    # updated; a linked program directory was written through.)
+    programs, expected = tmp_path / "progs", tmp_path / "E"
+    programs.mkdir()
+    source = textwrap.dedent('''
+        import jax.numpy as jnp
+        TAGS = ("elementwise", "float32")
+        SUPPORTS = ("jit",)
+
+        def fun(x):
+            return jnp.sin(x) * SCALE
+
+        def example_args():
+            return (jnp.ones(3, jnp.float32),)
+    ''')
+    for name, scale in (("01_a", 1.0), ("02_b", 2.0)):
+        (programs / f"{name}.py").write_text(f"SCALE = {scale}\n" + source)
+    assert main(["golden", "update", str(programs), "--expected", str(expected)]) == 0
+    capsys.readouterr()
+    (programs / "01_a.py").write_text("SCALE = 5.0\n" + source)  # 01_a's goldens are stale
+    stale = {p: p.read_bytes() for p in (expected / "01_a").iterdir()}
+    (tmp_path / "user.txt").write_text("precious\n")
+    numerics = expected / "02_b" / "numerics.txt"
+    numerics.unlink()
+    numerics.symlink_to(tmp_path / "user.txt")
+    assert main(["golden", "update", str(programs), "--expected", str(expected)]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in (expected / "01_a").iterdir()} == stale
+    numerics.unlink()
+    (tmp_path / "outside").mkdir()
+    for p in (expected / "02_b").iterdir():
+        p.rename(tmp_path / "outside" / p.name)
+    (expected / "02_b").rmdir()
+    (expected / "02_b").symlink_to(tmp_path / "outside")
+    outside = {p: p.read_bytes() for p in (tmp_path / "outside").iterdir()}
+    assert main(["golden", "update", str(programs), "--expected", str(expected)]) == 2
+    assert "02_b: is a symbolic link" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in (tmp_path / "outside").iterdir()} == outside

@@ -124,6 +124,10 @@ def write_python(program, path, *, inline_limit: int = INLINE_LIMIT,
     path = pathlib.Path(path)
     if path.suffix != ".py":
         raise ValueError(f"{path}: the emitted module needs a .py file name")
+    if path.is_symlink():
+        # The module is written to the link's target; its sidecar goes beside it,
+        # where the module looks for it.
+        path = pathlib.Path(os.path.realpath(path))
     sidecar = path.with_suffix(".npz")
     module = emit_python_module(program, sidecar_name=sidecar.name, inline_limit=inline_limit,
                                 forward_mode=forward_mode)
@@ -135,7 +139,12 @@ def write_python(program, path, *, inline_limit: int = INLINE_LIMIT,
         marked = {**module.arrays, SIDECAR_MARK: np.array(path.name)}
         _atomic_write(sidecar, lambda f: np.savez(f, **marked))
         written.append(sidecar)
-    _atomic_write(path, lambda f: f.write(module.source.encode()))
+    try:
+        _atomic_write(path, lambda f: f.write(module.source.encode()))
+    except BaseException:
+        for done in written:  # (the sidecar it wrote is its own)
+            done.unlink(missing_ok=True)
+        raise
     written.append(path)
     return written
 
@@ -150,7 +159,9 @@ def _check_sidecar_is_ours(sidecar: pathlib.Path, module_name: str) -> None:
     from ..storage.errors import SaveError
     if not os.path.lexists(sidecar):
         return
-    if not sidecar.is_file():  # a FIFO, a device, a directory, a dangling link: not ours
+    if sidecar.is_symlink() or not sidecar.is_file():
+        # A link (perhaps to another module's sidecar), a FIFO, a device, a
+        # directory: not a file written for this module.
         raise SaveError(f"{sidecar}: exists and is not a regular file; the module's large "
                         f"constants go there: move it away or choose another output name")
     owner = None

@@ -87,6 +87,8 @@ def main(argv=None) -> int:
         silence_stdout, stdout_reserved_for_results
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .output import record_files_read
+    record_files_read()
     try:
         if args.command in RUN_USER_CODE:
             if getattr(args, "output", None):  # -o /dev/stdout is -o - (see results_path)
@@ -110,7 +112,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("jaxpr-cc: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # not anticipated by the subcommand: still one line
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 -- user code may raise any BaseException;
+        # not anticipated by the subcommand: still one line
         if args.debug:
             traceback.print_exc()
         msg = " ".join(str(e).split()) or type(e).__name__

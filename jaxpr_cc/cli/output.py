@@ -264,24 +264,45 @@ def _is_stdin(path: str) -> bool:
                                                                            read.st_ino)
 
 
+_FILES_READ: set = set()  # paths this process opened (Python's "open" audit event)
+_RECORDING = [False]
+
+
+def _on_audit_event(event: str, args) -> None:
+    if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        _FILES_READ.add(os.fsdecode(args[0]))
+
+
+def record_files_read() -> None:
+    """Record every file the command opens from now on -- a target's module,
+    modules it imports (from zips too, or loaded by hand), files it reads -- so
+    that ``-o`` never replaces one of them (``refuse_imported_files``).  Each
+    command starts a new record (a test may run several in one process)."""
+    _FILES_READ.clear()
+    if not _RECORDING[0]:
+        _RECORDING[0] = True
+        sys.addaudithook(_on_audit_event)
+
+
 def refuse_imported_files(path: str) -> None:
-    """Refuse ``-o`` naming a Python file the command imported (a ``MODULE:FUNCTION``
-    target's module, a module it imports): checked before writing, once the
-    imports are done."""
+    """Refuse ``-o`` naming a file the command read (a ``MODULE:FUNCTION``
+    target's module, a module it imports, a file the traced code opened):
+    checked before writing, once the code has run."""
     try:
         given = os.stat(path)
     except (OSError, ValueError):
         return  # a new file
     if not stat.S_ISREG(given.st_mode):
         return
-    for module in list(sys.modules.values()):
-        source = getattr(module, "__file__", None)
-        if not source:
-            continue
+    sources = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
+    for source in sorted(s for s in sources | set(_FILES_READ) if s):
+        # (A module imported from a zip names a file inside the archive.)
+        while source and not os.path.exists(source) and os.path.dirname(source) != source:
+            source = os.path.dirname(source)
         try:
             st = os.stat(source)
         except (OSError, ValueError):
             continue
-        if (st.st_dev, st.st_ino) == (given.st_dev, given.st_ino):
-            raise CliError(f"-o {path}: is {source}, a module the command imported; it "
-                           f"would replace it: choose another output name")
+        if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (given.st_dev, given.st_ino):
+            raise CliError(f"-o {path}: is {source}, a file the command read; it would "
+                           f"replace it: choose another output name")

@@ -313,6 +313,9 @@ def run_golden(paths: Sequence[str | os.PathLike] | None = None, *,
     except PipelineError as e:
         raise GoldenUsageError(f"--pipeline: {e.one_line()}") from None
     programs = select_programs(paths, keywords, expected_root=expected_root)
+    if update:  # a link among the golden files: refused before anything is written
+        for pf in programs:
+            store.refuse_links_in(pf.expected_dir)
     results = []
     for pf in programs:
         if on_program is not None:

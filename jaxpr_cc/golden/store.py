@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping
 
 __all__ = ["EXPECTED_DIRNAME", "PROGRAMS_DIRNAME", "SyncResult", "expected_root_for",
            "list_view_files", "read_text", "stale_program_dirs", "sync_views",
-           "unified_diff", "write_text_atomic", "GoldenFileError"]
+           "unified_diff", "write_text_atomic", "GoldenFileError", "refuse_links_in"]
 
 EXPECTED_DIRNAME = "expected"
 PROGRAMS_DIRNAME = "programs"
@@ -49,6 +49,15 @@ def refuse_link(path: pathlib.Path) -> None:
     if path.is_symlink():
         raise GoldenFileError(f"{path}: is a symbolic link, not a golden file update wrote; "
                               f"replace it with a regular file or remove it")
+
+
+def refuse_links_in(directory: pathlib.Path) -> None:
+    """``refuse_link`` for a program's expected directory and the view files in it:
+    ``update`` checks every program's before it writes any."""
+    refuse_link(directory)
+    if directory.is_dir():
+        for name in list_view_files(directory):
+            refuse_link(directory / name)
 
 
 def write_text_atomic(path: pathlib.Path, text: str) -> None:
@@ -133,6 +142,7 @@ def sync_views(directory: pathlib.Path, views: Mapping[str, str], *, update: boo
     statuses: list[ViewStatus] = []
     present = set(list_view_files(directory))
     if update:  # refused before anything is written
+        refuse_link(directory)
         for name in sorted(views):
             refuse_link(directory / name)
     for name in sorted(views):
