@@ -998,3 +998,30 @@ def test_golden_update_checks_every_program_before_writing_any(tmp_path, capsys)
     assert main(["golden", "update", str(programs), "--expected", str(expected)]) == 2
     assert "02_b: is a symbolic link" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in (tmp_path / "outside").iterdir()} == outside
+
+
+def test_traced_code_that_changes_directory_moves_neither_reads_nor_output(tmp_path):
+    # (adversary 7, stop 37: a file read after os.chdir was recorded relative to the
+    # wrong directory, and -o landed where the traced code left the process.)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "d.txt").write_text("2.5")
+    (tmp_path / "t.py").write_text(textwrap.dedent('''
+        import os
+
+        def back(x):
+            old = os.getcwd()
+            os.chdir("sub")
+            scale = float(open("d.txt").read())
+            os.chdir(old)
+            return x * scale
+
+        def stay(x):
+            os.chdir("sub")
+            return x * float(open("d.txt").read())
+    '''))
+    done = _run_cli(["trace", "t.py:back", "--args", "f32[3]", "-o", "sub/d.txt"], tmp_path)
+    assert done.returncode == 2 and "a file the command read" in done.stderr, done.stderr
+    assert (tmp_path / "sub" / "d.txt").read_text() == "2.5"
+    done = _run_cli(["trace", "t.py:stay", "--args", "f32[3]", "-o", "p.jcc"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "p.jcc").exists() and not (tmp_path / "sub" / "p.jcc").exists()

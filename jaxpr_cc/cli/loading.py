@@ -213,16 +213,23 @@ def trace_target(target: str, args_spec: str | None, args_from: str | None = Non
     """Trace ``MODULE_OR_FILE:FUNCTION`` into a Program."""
     import jaxpr_cc
     from .progress import progress
-    fun, module = import_function(target)
-    args, kwargs = example_arguments(target, module, args_spec, args_from)
+    # The user's code may change directory; the command's own paths (-o) stay
+    # relative to where it started.
+    start = os.getcwd()
     try:
+        fun, module = import_function(target)
+        args, kwargs = example_arguments(target, module, args_spec, args_from)
         with progress(f"tracing {target}"):
             return jaxpr_cc.trace(fun, *args, **kwargs)
     except SystemExit as e:
         raise CliError(f"{target}: tracing it {exited(e)}") from e
+    except CliError:
+        raise
     except Exception as e:
         raise CliError(f"{target}: tracing failed: {type(e).__name__}: "
                        f"{' '.join(str(e).split())[:600]}") from e
+    finally:
+        os.chdir(start)
 
 
 def load_saved(target: str, data: bytes | None = None):

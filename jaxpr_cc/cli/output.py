@@ -270,7 +270,8 @@ _RECORDING = [False]
 
 def _on_audit_event(event: str, args) -> None:
     if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
-        _FILES_READ.add(os.fsdecode(args[0]))
+        # Absolute now: the code may change directory before -o is checked.
+        _FILES_READ.add(os.path.abspath(os.fsdecode(args[0])))
 
 
 def record_files_read() -> None:
