@@ -107,3 +107,27 @@ def test_an_affine_bwd_with_a_relative_test_is_nan_without_hanging():
     f.defvjp(lambda x: (jnp.sin(x), x), bwd)
     got = np.asarray(jax.jacfwd(jaxpr_cc.jit(f))(jnp.array([0.3, -1.2])))
     assert np.isnan(got).all(), got
+
+
+def test_a_bwd_affine_only_after_64_counted_steps_is_nan():
+    """The affine check ran every loop of the bwd at most 64 steps at a zero
+    cotangent; it now caps only loops whose test reads the cotangent.  A counted
+    loop (its test reads its counter alone) that writes a constant at step 80 is
+    affine: forward mode is NaN, not the transpose of its linear part.  (The cap
+    also cut diffrax's backward solves short: test_forward_mode_realworld_corpus.)"""
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(r, g):
+        def step(c):
+            i, v = c
+            return i + 1, jnp.where(i == 80, jnp.full_like(v, 3.0), 0.5 * v)
+        _, v = jax.lax.while_loop(lambda c: c[0] < 100, step, (jnp.int32(0), g))
+        return (jnp.cos(r) * v,)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), bwd)
+    x = jnp.array([0.3, -1.2])
+    assert np.isfinite(np.asarray(jax.jacrev(f)(x))).all()  # JAX runs the bwd
+    got = np.asarray(jax.jacfwd(jaxpr_cc.jit(f))(x))
+    assert np.isnan(got).all(), got

@@ -116,7 +116,8 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
                 full[i] = v
             for i in lin_pos:
                 full[i] = jnp.zeros(in_avals[i].shape, in_avals[i].dtype)
-            at_zero = _eval_at_zero(closed.jaxpr, (), full)
+            at_zero = _eval_at_zero(closed.jaxpr, (), full,
+                                    [i in lin_pos for i in range(len(in_avals))])
             linear_here = functools.reduce(
                 jnp.logical_and, [jnp.all(z == 0) for z, a in zip(at_zero, out_avals)
                                   if jnp.issubdtype(a.dtype, jnp.inexact)], jnp.bool_(True))
@@ -735,6 +736,23 @@ def _reaches(jaxpr, flags) -> list[bool]:
     return [not isinstance(a, Literal) and a in dep for a in jaxpr.outvars]
 
 
+def _while_reaches(eqn, flags) -> tuple[list[bool], bool]:
+    """``(carries, test_reads)`` for a while_loop whose operands marked ``flags``
+    are read: which carries their values reach through the body (not counting
+    the trip count), and whether the loop's test reads them."""
+    p = eqn.params
+    cc, bc = p["cond_nconsts"], p["body_nconsts"]
+    carry = list(flags[cc + bc:])
+    body = p["body_jaxpr"].jaxpr
+    while True:
+        new = [a or b for a, b in zip(carry, _reaches(body, list(flags[cc:cc + bc]) + carry))]
+        if new == carry:
+            break
+        carry = new
+    test_reads = any(flags[:cc]) or any(_reaches(p["cond_jaxpr"].jaxpr, list(flags[:cc]) + carry))
+    return carry, test_reads
+
+
 def _eqn_reaches(eqn, flags) -> list[bool]:
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
@@ -742,17 +760,9 @@ def _eqn_reaches(eqn, flags) -> list[bool]:
     if name in _PER_OPERAND:
         return list(flags)
     if name == "while":
-        cc, bc = p["cond_nconsts"], p["body_nconsts"]
-        carry = list(flags[cc + bc:])
-        body = p["body_jaxpr"].jaxpr
-        while True:
-            new = [a or b for a, b in zip(carry, _reaches(body, list(flags[cc:cc + bc]) + carry))]
-            if new == carry:
-                break
-            carry = new
-        if any(flags[:cc]) or any(_reaches(p["cond_jaxpr"].jaxpr, list(flags[:cc]) + carry)):
-            return [True] * n_out  # the trip count depends on them: so does every carry
-        return carry
+        carry, test_reads = _while_reaches(eqn, flags)
+        # When the trip count depends on them, so does every carry.
+        return [True] * n_out if test_reads else carry
     if name == "scan":
         nc, ncarry = p["num_consts"], p["num_carry"]
         carry = list(flags[nc:nc + ncarry])
@@ -1105,58 +1115,69 @@ def _evaluated_by_parts(eqn) -> bool:
             or any(_has_linear_form(s) for s in _sub_jaxprs(eqn.params)))
 
 
-#: Steps a loop runs in ``_eval_at_zero``.
+#: Steps a loop whose test reads the linear input runs in ``_eval_at_zero``.
 _AT_ZERO_STEPS = 64
 
 
-def _eval_at_zero(jaxpr, consts, args) -> list:
-    """``jaxpr`` at a zero linear input, for the affine check: its loops run at
-    most ``_AT_ZERO_STEPS`` steps.  At zero a linear iteration stays at zero and
-    a relative convergence test (``|dx| < rtol |x|``: ``0 < 0``) is never met,
-    so the loop would run for ever; a constant part that reaches the results
-    does so within a few steps."""
+def _eval_at_zero(jaxpr, consts, args, linear) -> list:
+    """``jaxpr`` at a zero linear input (the inputs marked ``linear``), for the
+    affine check.  A loop whose test reads the linear input runs at most
+    ``_AT_ZERO_STEPS`` steps: at zero a linear iteration stays at zero and a
+    relative convergence test (``|dx| < rtol |x|``: ``0 < 0``) is never met, so
+    the loop would run for ever; a constant part that reaches the results does
+    so within a few steps.  Other loops run as they do at any linear input (a
+    time-stepping loop cut short would report that it did not finish: diffrax's
+    "maximum number of solver steps")."""
     env = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
+    lin = {v for v, f in zip(jaxpr.invars, linear) if f}
 
     def read(a):
         return a.val if isinstance(a, Literal) else env[a]
 
     for eqn in jaxpr.eqns:
         invals = [read(a) for a in eqn.invars]
+        flags = [not isinstance(a, Literal) and a in lin for a in eqn.invars]
         callee = _callee(eqn)
         if eqn.primitive.name == "while":
             p = eqn.params
             cc, bc = p["cond_nconsts"], p["body_nconsts"]
             cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+            carry_lin, capped = _while_reaches(eqn, flags)
+            cond_lin, body_lin = [*flags[:cc], *carry_lin], [*flags[cc:cc + bc], *carry_lin]
 
-            def keep_going(c, cond=cond, cv=invals[:cc]):
-                (go,) = _eval_at_zero(cond.jaxpr, cond.consts, [*cv, *c[0]])
-                return jnp.any(go) & (c[1] < _AT_ZERO_STEPS)
+            def keep_going(c, cond=cond, cv=invals[:cc], cond_lin=cond_lin, capped=capped):
+                (go,) = _eval_at_zero(cond.jaxpr, cond.consts, [*cv, *c[0]], cond_lin)
+                return jnp.any(go) & (c[1] < _AT_ZERO_STEPS) if capped else jnp.any(go)
 
-            def step(c, body=body, bv=invals[cc:cc + bc]):
-                return _eval_at_zero(body.jaxpr, body.consts, [*bv, *c[0]]), c[1] + 1
+            def step(c, body=body, bv=invals[cc:cc + bc], body_lin=body_lin):
+                return _eval_at_zero(body.jaxpr, body.consts, [*bv, *c[0]], body_lin), c[1] + 1
 
             outs, _ = jax.lax.while_loop(keep_going, step, (invals[cc + bc:], jnp.int32(0)))
         elif eqn.primitive.name == "scan":
-            outs = _scan_at_zero(eqn, invals)
+            outs = _scan_at_zero(eqn, invals, flags)
         elif callee is not None:
-            outs = _eval_at_zero(callee[0], callee[1], invals)
+            outs = _eval_at_zero(callee[0], callee[1], invals, flags)
         else:
             outs = jx.eval_equation(eqn, invals)
         env.update(zip(eqn.outvars, outs))
+        if any(flags):
+            lin.update(v for v, f in zip(eqn.outvars, _eqn_reaches(eqn, flags)) if f)
     return [read(a) for a in jaxpr.outvars]
 
 
-def _scan_at_zero(eqn, invals) -> list:
+def _scan_at_zero(eqn, invals, flags) -> list:
     """A scan in ``_eval_at_zero``: its body, on each step's slice of the scanned
-    operands, evaluated the same way (its loops capped)."""
+    operands, evaluated the same way (its loops on the linear input capped)."""
     p = eqn.params
     nc, ncarry = p["num_consts"], p["num_carry"]
     body = p["jaxpr"]
     consts, carry, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+    carry_lin = _eqn_reaches(eqn, flags)[:ncarry] if any(flags) else [False] * ncarry
+    body_lin = [*flags[:nc], *carry_lin, *flags[nc + ncarry:]]
 
     def step(c, x):
-        outs = _eval_at_zero(body.jaxpr, body.consts, [*consts, *c, *x])
+        outs = _eval_at_zero(body.jaxpr, body.consts, [*consts, *c, *x], body_lin)
         return outs[:ncarry], outs[ncarry:]
 
     carry_out, ys = jax.lax.scan(step, list(carry), list(xs), length=p["length"],
