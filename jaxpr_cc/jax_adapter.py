@@ -1203,6 +1203,15 @@ def inside_autodiff() -> bool:
     return isinstance(_core.trace_ctx.trace, (_pt_ad.JVPTrace, _pt_ad.LinearizeTrace))
 
 
+def composite_attributes(attributes) -> dict:
+    """``lax.composite``'s keyword attributes from its ``attributes`` param
+    (``(key, leaves, treedef)`` per keyword; arrays held as ``HashableArray``)."""
+    held = hashable_array_type()
+    return {key: treedef.unflatten([x.val if isinstance(x, held) else x
+                                    for x in leaves])
+            for key, leaves, treedef in attributes}
+
+
 def is_autodiff_tracer(x) -> bool:
     return isinstance(x, (_pt_ad.JVPTracer, _pt_ad.LinearizeTracer))
 
@@ -1312,6 +1321,12 @@ def array_copy_semantics_type() -> type:
     """The enum of ``device_put``'s ``copy_semantics`` parameter."""
     from jax._src import dispatch
     return dispatch.ArrayCopySemantics
+
+
+def hashable_array_type() -> type:
+    """The read-only array wrapper ``lax.composite`` keeps an array attribute in."""
+    from jax._src.hashable_array import HashableArray
+    return HashableArray
 
 
 def linear_solve_tuple_type() -> type:

@@ -624,6 +624,23 @@ def _unspecified(s) -> bool:
     return type(s).__name__ == "UnspecifiedValue"
 
 
+@rule("composite")
+def _composite(ctx, eqn):
+    from .. import jax_adapter as jx
+    p = eqn.params
+    if set(p) - {"name", "attributes", "version", "jaxpr"}:
+        return None
+    # The decomposition was traced with the attributes bound (they are constants of
+    # its body); lax.composite passes them to it again, so it takes and drops them.
+    fn = ctx.explicit_function(p["jaxpr"], "decomposition")
+    attributes = jx.composite_attributes(p["attributes"])
+    call = f"lax.composite(lambda *args, **_: {fn}(*args), {p['name']!r}, {int(p['version'])})"
+    if not attributes:
+        return Call(call, list(ctx.ins))
+    kwargs = "{" + ", ".join(f"{k!r}: {ctx.param(v)}" for k, v in attributes.items()) + "}"
+    return Call(f"(lambda *args: {call}(*args, **{kwargs}))", list(ctx.ins))
+
+
 @rule("remat2", "checkpoint")
 def _remat(ctx, eqn):
     p = eqn.params

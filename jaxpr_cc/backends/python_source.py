@@ -34,6 +34,7 @@ off by default: such a module imports ``jaxpr_cc.passes.vjp_to_jvp``, whose ``li
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import os
 import pathlib
 import sys
@@ -191,7 +192,9 @@ class _ModuleEmitter:
         self.imports_jaxpr_cc = imports_jaxpr_cc
         self.sidecar_name = sidecar_name
         self.inline_limit = inline_limit
-        self.namer = ModuleNamer()
+        # Every helper's name is reserved, used or not (a program or keyword argument
+        # named like one would shadow it), and so is ``_``, the discard target.
+        self.namer = ModuleNamer(reserved=(*HELPERS, "_"))
         self.env: dict[Value, str] = {}
         self.helpers: set[str] = set()
         self.imports: set[str] = set()
@@ -211,7 +214,7 @@ class _ModuleEmitter:
     # ------------------------------------------------------------ top level
     def build(self) -> str:
         program = self.program
-        fn_name = self.namer.fresh(program.name, "program")
+        fn_name = self.fn_name = self.namer.fresh(program.name, "program")
         params_src, prologue, arg_leaves = self._signature()
         top = Function(depth=1)
         for code in prologue:
@@ -234,7 +237,10 @@ class _ModuleEmitter:
                 f'    Returns: {p.out_tree}\n    """')
 
     def _assemble(self, fn: cst.BaseStatement) -> str:
-        docstring = (f'"""Python emitted by jaxpr-cc from the traced program {self.program.name!r}.\n\n'
+        renamed = ("" if self.fn_name == self.program.name else
+                   f"Its function is ``{self.fn_name}`` (the program's name is not free here).\n")
+        docstring = (f'"""Python emitted by jaxpr-cc from the traced program {self.program.name!r}.\n'
+                     f'{renamed}\n'
                      f'Plain JAX: one call per equation of the program.  Regenerate it with\n'
                      f'``jaxpr-cc emit --to python`` rather than editing it.\n"""')
         stdlib = {"importlib": "import importlib.util"}
@@ -277,11 +283,14 @@ class _ModuleEmitter:
         leaf_names: list[str] = []
         params: list[str] = []
         # Keyword-only parameters must keep their names exactly: claim them first.
-        kw_ok = all(isinstance(k, str) and self.namer.claim(k) for k in kw_keys)
-        if not kw_ok:
-            raise PythonEmitError(
-                f"{program.name}: keyword arguments {kw_keys!r} are not all distinct Python "
-                f"identifiers; rename them in the traced function")
+        for key in kw_keys:
+            if not self.namer.claim(key):
+                what = ("a name the emitted module uses"
+                        if isinstance(key, str) and key.isidentifier()
+                        and not keyword.iskeyword(key) else "not a Python identifier")
+                raise PythonEmitError(
+                    f"{program.name}: keyword argument {key!r} is {what}; rename it in the "
+                    f"traced function")
         start = 0
         for i, child in enumerate(args_tree.children()):
             n = child.num_leaves

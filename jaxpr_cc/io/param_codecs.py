@@ -30,9 +30,8 @@ from ..ir.region import Region
 from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
                            ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
                            UNSPECIFIED, array_copy_semantics_type, dots_saveable_type,
-                           linear_solve_tuple_type, named_policy_types, param_enum_types,
-                           prng_impl_by_name,
-                           prng_impl_type, WrappedFun)
+                           hashable_array_type, linear_solve_tuple_type, named_policy_types,
+                           param_enum_types, prng_impl_by_name, prng_impl_type, WrappedFun)
 from ..storage import dtypes, pytrees
 from . import effects, primitives, shardings
 from ..storage.errors import FormatError, SaveError
@@ -645,6 +644,9 @@ def _build_table() -> None:
              _dec_typed_scalar)
     register((np.ndarray, jax.Array), "array", _enc_array, _dec_array)
     register(tuple(_ENUM_NAMES), "enum", _enc_enum, _dec_enum)
+    held = hashable_array_type()
+    register(held, "hashable_array", lambda v, e: _enc_array(v.val, e),
+             lambda v, d: held(_dec_array(v, d)))
     for cls in (jax.lax.GatherDimensionNumbers, jax.lax.ScatterDimensionNumbers,
                 jax.lax.ConvDimensionNumbers, jax.lax.DotAlgorithm):
         register(cls, cls.__name__, *_record(cls, tuple(cls._fields), positional=True))

@@ -1,0 +1,97 @@
+"""emit_python findings of the issue 16 adversary (stop 38).
+
+* Names: a program or keyword argument named like one of the emitted module's
+  helpers (``_batched_while_loop``) shadowed it, and a keyword argument named
+  ``_`` was overwritten by the discard target ``_``.  Every helper's name and
+  ``_`` are now reserved: the program's function gets another name (the module
+  docstring says which), and such a keyword argument is refused in one line.
+* ``lax.composite`` could be saved and loaded but not emitted.
+
+References: JAX on the original function.
+"""
+from __future__ import annotations
+
+import importlib.util
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxpr_cc
+from jaxpr_cc.backends.python_text import PythonEmitError
+
+
+def _module(program, path):
+    jaxpr_cc.write_python(program, path)
+    spec = importlib.util.spec_from_file_location(f"emitted_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _batched_while_loop(x):
+    # vmap of a loop whose test reads the mapped value: the emitter's helper of
+    # the same name runs it.
+    return jax.vmap(lambda a: lax.while_loop(lambda c: c[1] < 3.0,
+                                             lambda c: (c[0] * 2, c[1] + a), (a, a))[0])(x)
+
+
+def test_a_program_named_like_a_helper_gets_another_name(tmp_path):
+    x = jnp.array([1.0, 2.0])
+    module = _module(jaxpr_cc.trace(_batched_while_loop, x), tmp_path / "clash.py")
+    assert "Its function is ``_batched_while_loop_1``" in module.__doc__
+    np.testing.assert_allclose(module._batched_while_loop_1(x), _batched_while_loop(x))
+
+
+@pytest.mark.parametrize("key", ["_batched_while_loop", "_", "_bind"])
+def test_a_keyword_argument_named_like_a_module_name_is_refused(key):
+    def f(x, **kw):
+        return kw[key] * lax.while_loop(lambda c: c[0] < 3.0,
+                                        lambda c: (c[0] + 1.0, c[1] * 0.5), (0.0, x))[1]
+
+    p = jaxpr_cc.trace(f, jnp.array([1.0, 2.0]), **{key: 3.0})
+    with pytest.raises(PythonEmitError, match=f"keyword argument '{key}' is a name the "
+                                              f"emitted module uses; rename it"):
+        jaxpr_cc.emit_python(p)
+
+
+def test_a_keyword_argument_that_is_not_an_identifier_is_refused():
+    p = jaxpr_cc.trace(lambda x, **kw: x * kw["a-b"], jnp.float32(1.0), **{"a-b": 2.0})
+    with pytest.raises(PythonEmitError, match="keyword argument 'a-b' is not a Python identifier"):
+        jaxpr_cc.emit_python(p)
+
+
+@partial(lax.composite, name="my.tanh")
+def _my_tanh(v):
+    return jnp.tanh(v)
+
+
+@partial(lax.composite, name="my.scaled_pair", version=3)
+def _scaled_pair(v, w, *, scale, table):
+    return v * scale + w, jnp.asarray(table, v.dtype)[: v.shape[0]] * w
+
+
+def composite_program(x, y):
+    a, b = _scaled_pair(x, y, scale=2.5, table=np.array([1.0, -2.0, 3.0]))
+    return jnp.sum(_my_tanh(x) * a) + b
+
+
+def test_composites_emit_with_their_names_versions_and_attributes(tmp_path):
+    x, y = jnp.array([0.3, -1.2, 2.0]), jnp.array([1.0, 0.5, -0.25])
+    p = jaxpr_cc.trace(composite_program, x, y)
+    module = _module(p, tmp_path / "composite_program.py")
+    got = module.composite_program(x, y)
+    np.testing.assert_allclose(got, composite_program(x, y), rtol=1e-6)
+    # The same composite ops reach XLA (name, version and attributes).
+    hlo = jax.jit(module.composite_program).lower(x, y).as_text()
+    want = jax.jit(composite_program).lower(x, y).as_text()
+    for text in ('stablehlo.composite "my.tanh"', 'stablehlo.composite "my.scaled_pair"',
+                 "version = 3 : i32", "scale = 2.500000e+00 : f64",
+                 "table = dense<[1.000000e+00, -2.000000e+00, 3.000000e+00]> : tensor<3xf64>"):
+        assert text in want and text in hlo, text
+    jaxpr_cc.save(p, tmp_path / "c.jaxprcc")  # an array attribute is saved as data
+    loaded = jaxpr_cc.load(tmp_path / "c.jaxprcc")
+    np.testing.assert_allclose(loaded(x, y), composite_program(x, y), rtol=1e-6)
