@@ -2,9 +2,11 @@
 
 * Names: a program or keyword argument named like one of the emitted module's
   helpers (``_batched_while_loop``) shadowed it, and a keyword argument named
-  ``_`` was overwritten by the discard target ``_``.  Every helper's name and
-  ``_`` are now reserved: the program's function gets another name (the module
-  docstring says which), and such a keyword argument is refused in one line.
+  ``_`` was overwritten by the discard target ``_`` (wrong value and gradient).
+  Every helper's name and ``_`` are now reserved: the program's function gets
+  another name (the module docstring says which), and a keyword argument named
+  like anything the module uses (also ``np``, ``jax``, a builtin such as ``max``,
+  which were refused) is taken under another name behind a forwarding def.
 * ``lax.composite`` could be saved and loaded but not emitted.
 
 References: JAX on the original function.
@@ -46,16 +48,21 @@ def test_a_program_named_like_a_helper_gets_another_name(tmp_path):
     np.testing.assert_allclose(module._batched_while_loop_1(x), _batched_while_loop(x))
 
 
-@pytest.mark.parametrize("key", ["_batched_while_loop", "_", "_bind"])
-def test_a_keyword_argument_named_like_a_module_name_is_refused(key):
+@pytest.mark.parametrize("key", ["_batched_while_loop", "_", "_bind", "np", "jax", "sum",
+                                 "max", "f"])
+def test_a_keyword_argument_named_like_a_module_name_keeps_its_name(key, tmp_path):
+    # The emitted function takes it under another name, behind a public def that
+    # only forwards it.  JAX: value and gradient w.r.t. it.
     def f(x, **kw):
-        return kw[key] * lax.while_loop(lambda c: c[0] < 3.0,
-                                        lambda c: (c[0] + 1.0, c[1] * 0.5), (0.0, x))[1]
+        s = kw[key]["s"]
+        w = lax.while_loop(lambda c: c[0] < 3.0, lambda c: (c[0] + 1.0, c[1] * 0.5), (0.0, x))[1]
+        return jnp.sum(w * s)
 
-    p = jaxpr_cc.trace(f, jnp.array([1.0, 2.0]), **{key: 3.0})
-    with pytest.raises(PythonEmitError, match=f"keyword argument '{key}' is a name the "
-                                              f"emitted module uses; rename it"):
-        jaxpr_cc.emit_python(p)
+    x, kw = jnp.array([1.0, 2.0]), {key: {"s": jnp.float32(10.0)}}
+    module = _module(jaxpr_cc.trace(f, x, **kw), tmp_path / "kw.py")
+    np.testing.assert_allclose(module.f(x, **kw), f(x, **kw))
+    grad = lambda fun: jax.grad(lambda s: fun(x, **{key: {"s": s}}))(jnp.float32(10.0))  # noqa: E731
+    np.testing.assert_allclose(grad(module.f), grad(f))
 
 
 def test_a_keyword_argument_that_is_not_an_identifier_is_refused():

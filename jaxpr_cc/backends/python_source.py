@@ -216,6 +216,13 @@ class _ModuleEmitter:
         program = self.program
         fn_name = self.fn_name = self.namer.fresh(program.name, "program")
         params_src, prologue, arg_leaves = self._signature()
+        public = None
+        if self.kw_inside:
+            # A keyword argument named like something the module uses (a helper, an
+            # import, a builtin, ``_``) would shadow it inside the function: the
+            # function takes it under another name, behind a public def that only
+            # forwards (and so reads none of those names).
+            public, fn_name = fn_name, self.namer.fresh(f"_{fn_name}_body")
         top = Function(depth=1)
         for code in prologue:
             top.add(code)
@@ -229,14 +236,23 @@ class _ModuleEmitter:
         top.add(f"return {self._output_expr(program.out_tree, outs)}")
         fn = stmt(f"def {fn_name}({params_src}):\n    pass\n").with_changes(
             body=cst.IndentedBlock(body=[stmt(self._docstring())] + top.body))
-        return self._assemble(fn)
+        if public is None:
+            return self._assemble([fn])
+        positional = self.positional_params
+        forwarded = ", ".join([*positional, *(f"{inner}={key}" for key, inner in self.kw_names)])
+        public_params = ", ".join([*positional, *(["*"] if self.kw_names else []),
+                                   *(key for key, _ in self.kw_names)])
+        wrapper = stmt(f"def {public}({public_params}):\n"
+                       f"    {self._docstring()}\n"
+                       f"    return {fn_name}({forwarded})\n")
+        return self._assemble([fn, wrapper])
 
     def _docstring(self) -> str:
         p = self.program
         return (f'"""{p.name}: emitted by jaxpr-cc.\n\n    Arguments: {p.in_tree}\n'
                 f'    Returns: {p.out_tree}\n    """')
 
-    def _assemble(self, fn: cst.BaseStatement) -> str:
+    def _assemble(self, fns: list[cst.BaseStatement]) -> str:
         renamed = ("" if self.fn_name == self.program.name else
                    f"Its function is ``{self.fn_name}`` (the program's name is not free here).\n")
         docstring = (f'"""Python emitted by jaxpr-cc from the traced program {self.program.name!r}.\n'
@@ -265,7 +281,7 @@ class _ModuleEmitter:
                 f"    _CONSTS = {{key: _sidecar[key] for key in _sidecar.files}}\n"))
         groups = [("doc", [stmt(docstring)]), ("import", [stmt(i) for i in imports]),
                   ("import", [stmt(i) for i in third_party]), ("body", helpers),
-                  ("body", constants), ("body", self.module_defs), ("body", [fn])]
+                  ("body", constants), ("body", self.module_defs), ("body", fns)]
         code = layout([(kind, g) for kind, g in groups if g])
         cst.parse_module(code)  # the emitted text must parse back
         compile(code, f"<jaxpr-cc {self.program.name}>", "exec")
@@ -283,14 +299,18 @@ class _ModuleEmitter:
         leaf_names: list[str] = []
         params: list[str] = []
         # Keyword-only parameters must keep their names exactly: claim them first.
+        # A name the module uses is taken inside under another (``build``).
+        self.kw_inside: dict[str, str] = {}
+        self.kw_names: list[tuple[str, str]] = []
         for key in kw_keys:
-            if not self.namer.claim(key):
-                what = ("a name the emitted module uses"
-                        if isinstance(key, str) and key.isidentifier()
-                        and not keyword.iskeyword(key) else "not a Python identifier")
+            if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
                 raise PythonEmitError(
-                    f"{program.name}: keyword argument {key!r} is {what}; rename it in the "
-                    f"traced function")
+                    f"{program.name}: keyword argument {key!r} is not a Python identifier; "
+                    f"rename it in the traced function")
+            inner = key if self.namer.claim(key) else self.namer.fresh(key, "kwarg")
+            if inner != key:
+                self.kw_inside[key] = inner
+            self.kw_names.append((key, inner))
         start = 0
         for i, child in enumerate(args_tree.children()):
             n = child.num_leaves
@@ -300,12 +320,13 @@ class _ModuleEmitter:
             params.append(name)
             leaf_names += self._unpack_arg(name, child, hints[start:start + n], prologue)
             start += n
+        self.positional_params = list(params)
         if kw_keys:
             params.append("*")
-            for key, child in zip(kw_keys, kwargs_tree.children()):
-                params.append(key)
+            for (_, inner), child in zip(self.kw_names, kwargs_tree.children()):
+                params.append(inner)
                 n = child.num_leaves
-                leaf_names += self._unpack_arg(key, child, hints[start:start + n], prologue)
+                leaf_names += self._unpack_arg(inner, child, hints[start:start + n], prologue)
                 start += n
         return ", ".join(params), prologue, leaf_names
 
