@@ -723,7 +723,11 @@ def test_exec_input_messages(tmp_path, capsys):
     cases = [([saved, "--inputs", tmp_path / "d"], "is a directory"),
              ([tmp_path / "d", "--inputs", tmp_path / "x.npy"], "is a directory"),
              ([tmp_path / "nope.jcc", "--inputs", tmp_path / "x.npy"], "no such file"),
-             ([saved, "--inputs", tmp_path / "nope.npz"], "no such file")]
+             ([saved, "--inputs", tmp_path / "nope.npz"], "no such file"),
+             # (np.load said a text file holds pickled data; adversary, stop 38)
+             ([saved, "--inputs", tmp_path / "t.txt"], "t.txt: is not an .npz archive or "
+                                                        ".npy array (--inputs); write one")]
+    (tmp_path / "t.txt").write_text("1.0 2.0\n")
     for argv, needle in cases:
         assert main(["exec", *map(str, argv), "-o", str(tmp_path / "o.npz")]) == 2
         err = capsys.readouterr().err

@@ -448,3 +448,32 @@ def test_result_static_data_that_cannot_be_rebuilt_is_refused(tmp_path):
     out = loaded(*saved_args)
     assert isinstance(out, SavedNode)
     np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(jax.jit(fun)(arg).a))
+
+
+class _StaticScale(eqx.Module):
+    w: jax.Array
+    scale: float = eqx.field(static=True)
+
+
+def test_loaded_static_data_compares_as_jax_jit_does(tmp_path):
+    # jax.jit compares a node's static data with ==, so 1.0, 1 and True are the same
+    # trace, as for a live program; a loaded program compared the saved text and
+    # refused 1 and True, saying jax.jit would trace again (adversary, stop 38).
+    x = jnp.array([1.0, 2.0])
+    traces = []
+
+    def f(m, y):
+        traces.append(1)
+        return m.w * y / m.scale
+
+    jitted = jax.jit(f)
+    for scale in (1.0, 1, True):
+        jitted(_StaticScale(x, scale), x)
+    assert len(traces) == 1
+    jaxpr_cc.save(jaxpr_cc.trace(f, _StaticScale(x, 1.0), x), tmp_path / "s.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "s.jcc")
+    for scale in (1.0, 1, True):
+        np.testing.assert_array_equal(loaded(_StaticScale(x, scale), x), f(_StaticScale(x, 1.0), x))
+    with pytest.raises(TypeError, match=r"static data \(.*, 2\.0\) where the program was traced "
+                                        r"with \(.*, 1\.0\)"):
+        loaded(_StaticScale(x, 2.0), x)

@@ -76,6 +76,10 @@ def read_npz(path: str, what: str, single_name: str | None = None) -> dict:
 
     import numpy as np
     raw = read_input_bytes(path, what)
+    if not raw.startswith((b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY")):
+        # (np.load reads anything else as a pickle, and says the file holds one.)
+        raise CliError(f"{path}: is not an .npz archive or .npy array ({what}); write one "
+                       f"with numpy.savez or numpy.save")
     try:
         data = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:

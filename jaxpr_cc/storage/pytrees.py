@@ -297,6 +297,13 @@ class _ObjectName:
     def __repr__(self):
         return f"<{self.name}>"
 
+    # (Stateless objects are saved by type name; the same name is the same data.)
+    def __eq__(self, other):
+        return type(other) is _ObjectName and other.name == self.name
+
+    def __hash__(self):
+        return hash(self.name)
+
 
 def stateless_objects(aux: Any, found: dict, depth: int = 0) -> None:
     """Collect into ``found`` (type name -> instance) the stateless objects in ``aux``."""
@@ -465,12 +472,22 @@ def saved_node_difference(given, saved_aux, vouched: bool = False) -> str | None
                 f"was not saved as data, so the loaded program cannot check it: load the "
                 f"program with like=(example arguments) to vouch for it")
     given_static = static_of(g_aux)
-    if given_static != static:
+    if given_static != static and not _equal_static(given_static, static):
         return (f"is a {module}.{qualname} with static data {describe_static(given_static)} "
                 f"where the program was traced with {describe_static(static)} (jax.jit would "
                 f"trace again): pass a node with the traced static data, or trace the "
                 f"function again")
     return None
+
+
+def _equal_static(a: str, b: str) -> bool:
+    """Whether two static data, saved differently, are equal as Python compares
+    them (``1 == 1.0 == True``): jax.jit compares a node's static data with ``==``,
+    and so does a live program's calling convention."""
+    try:
+        return bool(_decode_static(json.loads(a), None, 0) == _decode_static(json.loads(b), None, 0))
+    except (_NotData, ValueError, TypeError):
+        return False
 
 
 def _is_rebuilt_namedtuple(cls) -> bool:
