@@ -1323,6 +1323,18 @@ def array_copy_semantics_type() -> type:
     return dispatch.ArrayCopySemantics
 
 
+def custom_vmap_rule_type() -> type:
+    """What ``custom_vmap_call``'s ``rule`` param holds for a user's rule."""
+    from jax._src.custom_batching import ClosedRule
+    return ClosedRule
+
+
+def custom_vmap_rule_function(rule):
+    """The user's batching function of a ``custom_vmap_call``'s ``rule``, or None for
+    a rule JAX derived (the jvp of a custom_vmap)."""
+    return rule.rule if isinstance(rule, custom_vmap_rule_type()) else None
+
+
 def hashable_array_type() -> type:
     """The read-only array wrapper ``lax.composite`` keeps an array attribute in."""
     from jax._src.hashable_array import HashableArray

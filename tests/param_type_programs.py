@@ -301,3 +301,18 @@ PROGRAMS.update({
     "more_structure": (more_structure, (F, I32)),
     "more_collectives": (more_collectives, (np.linspace(0, 1, 8, dtype=np.float32),)),
 })
+
+
+@partial(lax.composite, name="my.scaled_pair", version=3)
+def _scaled_pair(v, w, *, scale, table):
+    return v * scale + w, jnp.asarray(table, v.dtype)[: v.shape[0]] * w
+
+
+def composite(x):
+    # lax.composite: a name, a version and attributes (an array one held as a
+    # HashableArray) beside its decomposition.
+    a, b = _scaled_pair(x, x[::-1], scale=2.5, table=np.arange(6.0))
+    return a + b
+
+
+PROGRAMS.update({"composite": (composite, (F,))})

@@ -102,3 +102,57 @@ def test_composites_emit_with_their_names_versions_and_attributes(tmp_path):
     jaxpr_cc.save(p, tmp_path / "c.jaxprcc")  # an array attribute is saved as data
     loaded = jaxpr_cc.load(tmp_path / "c.jaxprcc")
     np.testing.assert_allclose(loaded(x, y), composite_program(x, y), rtol=1e-6)
+
+
+# --------------------------------------------------------------- custom_vmap
+@jax.custom_batching.custom_vmap
+def _vmapped(x, pair):
+    return jnp.sin(x) + pair["a"], {"b": x * pair["a"]}
+
+
+@_vmapped.def_vmap
+def _vmapped_rule(axis_size, in_batched, xs, pair):
+    # Not the batched primal (cos * 10): a rule that is used shows in the numbers.
+    x_b, pair_b = in_batched
+    batched = x_b or pair_b["a"]
+    return (jnp.cos(xs) * 10.0 + pair["a"], {"b": xs * pair["a"]}), (batched, {"b": batched})
+
+
+def custom_vmap_program(x, w):
+    g = lambda v, a: _vmapped(v * (w * 2.0), {"a": a})  # noqa: E731
+    y1, d1 = jax.vmap(g, in_axes=(0, None))(x, w)
+    y2, d2 = g(x[0], w)
+    return jnp.sum(y1) + y2 + jnp.sum(d1["b"]) + d2["b"]
+
+
+def test_custom_vmap_emits_with_its_rule_imported_by_name(tmp_path):
+    x, w = jnp.array([0.3, -1.2, 2.0]), jnp.float32(0.7)
+    p = jaxpr_cc.run_passes(jaxpr_cc.trace(custom_vmap_program, x, w), jaxpr_cc.DEFAULT_PIPELINE)
+    module = _module(p, tmp_path / "custom_vmap_program.py")
+    np.testing.assert_allclose(module.custom_vmap_program(x, w), custom_vmap_program(x, w),
+                               rtol=1e-6)
+    # vmap of the emitted module batches the unbatched call with the user's rule.
+    xs = jnp.stack([x, x + 1.0])
+    want = jax.vmap(custom_vmap_program, in_axes=(0, None))(xs, w)
+    np.testing.assert_allclose(jax.vmap(module.custom_vmap_program, in_axes=(0, None))(xs, w),
+                               want, rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(p, in_axes=(0, None))(xs, w), want, rtol=1e-6)
+
+
+def test_custom_vmap_save_is_refused_in_one_line(tmp_path):
+    p = jaxpr_cc.trace(custom_vmap_program, jnp.array([0.3, -1.2]), jnp.float32(0.7))
+    with pytest.raises(jaxpr_cc.SaveError) as e:
+        jaxpr_cc.save(p, tmp_path / "p.jcc")
+    assert "custom_vmap's batching rule (_vmapped_rule) is Python code" in str(e.value)
+    assert len(str(e.value).splitlines()) == 1
+    assert not (tmp_path / "p.jcc").exists()
+
+
+def test_a_derived_custom_vmap_rule_is_refused_by_emit():
+    # jvp of a custom_vmap inside the traced function: JAX's derived rule is a closure.
+    def f(x):
+        return jax.jvp(lambda v: _vmapped(v, {"a": 1.0})[0], (x,), (jnp.ones_like(x),))[1]
+
+    p = jaxpr_cc.trace(f, jnp.float32(0.3))
+    with pytest.raises(PythonEmitError, match="the batching rule is one JAX derived"):
+        jaxpr_cc.emit_python(p)

@@ -500,6 +500,24 @@ class CustomRulesMixin:
         return Call("lax.custom_linear_solve", [matvec, tuple_src(b), solve, transpose_solve],
                     kwargs, multiple=True)
 
+    def custom_vmap(self, eqn: Equation) -> Call:
+        """``jax.custom_batching.custom_vmap``: the batching rule is the user's Python
+        function, imported by module and name as a callback is."""
+        from ..jax_adapter import custom_vmap_rule_function
+        p = eqn.params
+        rule = custom_vmap_rule_function(p["rule"])
+        if rule is None:
+            raise PythonEmitError(f"{self._where()}: the batching rule is one JAX derived "
+                                  f"(custom_vmap differentiated inside the traced function); "
+                                  f"it has no source form")
+        rule_name = self.emitter.callable_ref(rule, self._where())
+        consts_tree, args_tree = p["in_tree"].children()
+        fn = self.explicit_function(p["call"], "vmapped")
+        self.emitter.use_helper("_custom_vmap_call")
+        return Call("_custom_vmap_call",
+                    [fn, rule_name, str(consts_tree.num_leaves), self.param(args_tree),
+                     self.param(p["out_tree"]), *self.ins], multiple=True)
+
     # -- callbacks and policies --------------------------------------------
     def debug_callback(self, eqn: Equation) -> Call | None:
         from ..jax_adapter import debug_callback_parts, is_ordered_effect

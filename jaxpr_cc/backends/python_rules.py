@@ -691,6 +691,11 @@ def _custom_vjp(ctx, eqn):
     return ctx.custom_vjp(eqn)
 
 
+@rule("custom_vmap_call")
+def _custom_vmap(ctx, eqn):
+    return ctx.custom_vmap(eqn)
+
+
 @rule("custom_linear_solve")
 def _custom_linear_solve(ctx, eqn):
     return ctx.custom_linear_solve(eqn)

@@ -588,6 +588,24 @@ def _forward_mode_refused(*operands, message, out_shapes, out_dtypes, out_varyin
 '''
 HELPER_IMPORTS["_forward_mode_refused"] = ()
 
+HELPERS["_custom_vmap_call"] = '''
+def _custom_vmap_call(call, rule, n_consts, args_tree, out_tree, *operands):
+    """``jax.custom_batching.custom_vmap`` of ``call`` with batching rule ``rule``,
+    applied to ``operands`` (the values it closes over, then the leaves of its
+    arguments): ``call`` takes both flat and returns a bare value for one output."""
+    consts, leaves = operands[:n_consts], operands[n_consts:]
+
+    def fun(*args):
+        outs = call(*consts, *jax.tree_util.tree_leaves(args))
+        outs = outs if out_tree.num_leaves != 1 else (outs,)
+        return jax.tree_util.tree_unflatten(out_tree, list(outs))
+
+    batched = jax.custom_batching.custom_vmap(fun)
+    batched.def_vmap(rule)
+    return jax.tree_util.tree_leaves(batched(*jax.tree_util.tree_unflatten(args_tree, leaves)))
+'''
+HELPER_IMPORTS["_custom_vmap_call"] = ()
+
 HELPERS["_treedef"] = '''
 def _treedef(node):
     """A pytree structure from its nodes: ``"*"`` a leaf, else (type, aux, children)."""

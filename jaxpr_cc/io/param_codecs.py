@@ -29,9 +29,10 @@ from ..ir import library_refs, param_types
 from ..ir.region import Region
 from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
                            ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
-                           UNSPECIFIED, array_copy_semantics_type, dots_saveable_type,
-                           hashable_array_type, linear_solve_tuple_type, named_policy_types,
-                           param_enum_types, prng_impl_by_name, prng_impl_type, WrappedFun)
+                           UNSPECIFIED, array_copy_semantics_type, custom_vmap_rule_type,
+                           dots_saveable_type, hashable_array_type, linear_solve_tuple_type,
+                           named_policy_types, param_enum_types, prng_impl_by_name,
+                           prng_impl_type, WrappedFun)
 from ..storage import dtypes, pytrees
 from . import effects, primitives, shardings
 from ..storage.errors import FormatError, SaveError
@@ -122,6 +123,11 @@ class ParamEncoder:
                         "EQX_ON_ERROR=nan before importing equinox to trace without it")
             return (f"cannot save {self.where}: the callback {name} is Python code, not "
                     f"data{hint}")
+        if type(value) is custom_vmap_rule_type():
+            return (f"cannot save {self.where}: jax.custom_batching.custom_vmap's batching rule "
+                    f"({getattr(value, '__qualname__', '?')}) is Python code, not data, and its "
+                    f"result depends on the batch size vmap gives it; emit_python imports it "
+                    f"by name")
         if is_callable_param(value):
             return (f"cannot save {self.where}: it holds a Python callable "
                     f"({getattr(value, '__qualname__', t.__name__)}); only first-order programs "
