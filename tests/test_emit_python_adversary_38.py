@@ -14,6 +14,8 @@ References: JAX on the original function.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from functools import partial
 
 import jax
@@ -156,3 +158,75 @@ def test_a_derived_custom_vmap_rule_is_refused_by_emit():
     p = jaxpr_cc.trace(f, jnp.float32(0.3))
     with pytest.raises(PythonEmitError, match="the batching rule is one JAX derived"):
         jaxpr_cc.emit_python(p)
+
+
+# ---------------------------------------------------------- second adversary
+def _closed_over_mode(x, w):
+    # Named like a function a helper's text defines beside the helper (not a
+    # helper's own name): the program's def replaced it, and grad raised.
+    @jax.custom_vjp
+    def g(y):
+        return jnp.sin(y * w)
+
+    g.defvjp(lambda y: (g(y), y), lambda y, ct: (ct * jnp.cos(y * w) * w,))
+    return jnp.sum(g(x))
+
+
+def _PRIMITIVES(x):  # noqa: N802 -- named like a constant the _bind helper reads
+    return jnp.sum(lax.top_k(x, 2)[0])
+
+
+@pytest.mark.parametrize("fun, args", [(_closed_over_mode, (jnp.arange(3.0), jnp.float32(1.3))),
+                                       (_PRIMITIVES, (jnp.arange(3.0),))],
+                         ids=["_closed_over_mode", "_PRIMITIVES"])
+def test_every_name_a_helper_text_binds_is_reserved(fun, args, tmp_path):
+    module = _module(jaxpr_cc.trace(fun, *args), tmp_path / "m.py")
+    emitted = getattr(module, f"{fun.__name__}_1")
+    np.testing.assert_allclose(emitted(*args), fun(*args), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(emitted)(*args), jax.grad(fun)(*args), rtol=1e-6)
+
+
+@partial(lax.composite, name="my.typed", version=1)
+def _typed(x, *, a, b, c):
+    return x * 2.0
+
+
+def test_composite_attributes_keep_numpy_scalar_types(tmp_path):
+    # np.int8(-3) was emitted as the Python int -3: an i64 attribute where JAX has i8.
+    def prog(x):
+        return _typed(x, a=np.int8(-3), b=(np.uint32(7), np.float16(0.5)), c={"k": np.int16(2)})
+
+    x = jnp.arange(3.0)
+    module = _module(jaxpr_cc.trace(prog, x), tmp_path / "typed.py")
+
+    def attributes(f):
+        return [line.split("composite_attributes = ")[1]
+                for line in jax.jit(f).lower(x).as_text().splitlines()
+                if "stablehlo.composite" in line]
+
+    want = attributes(prog)
+    assert "i8" in want[0] and "i16" in want[0], want
+    assert attributes(module.prog) == want
+
+
+def test_a_rule_defined_in_a_script_is_found_by_another_process(tmp_path):
+    # The rule lives in __main__ when the script emits; another process's __main__
+    # is another program, so the function is loaded from the script's file.
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp, jaxpr_cc\n"
+        "from jax.custom_batching import custom_vmap\n"
+        "@custom_vmap\n"
+        "def g(x):\n    return x + 1.0\n"
+        "@g.def_vmap\n"
+        "def g_rule(axis_size, in_batched, x):\n    return x + 10.0, True\n"
+        "def prog(x):\n    return g(x)\n"
+        "if __name__ == '__main__':\n"
+        f"    jaxpr_cc.write_python(jaxpr_cc.trace(prog, jnp.arange(3.0)), {str(tmp_path / 'out.py')!r})\n")
+    subprocess.run([sys.executable, str(script)], check=True, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", "import jax, jax.numpy as jnp, out; x = jnp.arange(3.0); "
+                               "print(out.prog(x).tolist(), jax.vmap(out.prog)(x[None]).tolist())"],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[1.0, 2.0, 3.0] [[10.0, 11.0, 12.0]]"

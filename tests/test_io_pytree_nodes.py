@@ -477,3 +477,20 @@ def test_loaded_static_data_compares_as_jax_jit_does(tmp_path):
     with pytest.raises(TypeError, match=r"static data \(.*, 2\.0\) where the program was traced "
                                         r"with \(.*, 1\.0\)"):
         loaded(_StaticScale(x, 2.0), x)
+
+
+def test_loaded_static_data_equal_to_a_numpy_scalar_is_accepted(tmp_path):
+    # np.int64(2) == 2: jax.jit reuses its trace, the live program accepts it; the
+    # loaded one refused it (second adversary, stop 38).
+    class Counted(eqx.Module):
+        w: jax.Array
+        n: tuple = eqx.field(static=True)
+
+    w = jnp.ones(3)
+    jaxpr_cc.save(jaxpr_cc.trace(lambda m, x: jnp.sum(m.w * x) * m.n[0], Counted(w, (2, 1.0)), w),
+                  tmp_path / "n.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "n.jcc")
+    for n in ((np.int64(2), 1.0), (2.0, np.float32(1.0)), (np.int32(2), True)):
+        np.testing.assert_allclose(loaded(Counted(w, n), w), 6.0)
+    with pytest.raises(TypeError, match=r"static data"):
+        loaded(Counted(w, (np.int64(3), 1.0)), w)

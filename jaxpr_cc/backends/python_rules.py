@@ -637,8 +637,24 @@ def _composite(ctx, eqn):
     call = f"lax.composite(lambda *args, **_: {fn}(*args), {p['name']!r}, {int(p['version'])})"
     if not attributes:
         return Call(call, list(ctx.ins))
-    kwargs = "{" + ", ".join(f"{k!r}: {ctx.param(v)}" for k, v in attributes.items()) + "}"
+    kwargs = "{" + ", ".join(f"{k!r}: {_attribute_source(ctx, v)}"
+                             for k, v in attributes.items()) + "}"
     return Call(f"(lambda *args: {call}(*args, **{kwargs}))", list(ctx.ins))
+
+
+def _attribute_source(ctx, value) -> str:
+    """A composite attribute, its type kept: the attribute's MLIR type follows it
+    (``np.int8(-3)`` is ``i8``, a Python int ``i64``)."""
+    from .python_spelling import array_literal_source
+    if isinstance(value, np.generic):
+        return f"{array_literal_source(np.asarray(value))}[()]"
+    if type(value) in (tuple, list):
+        items = [_attribute_source(ctx, v) for v in value]
+        return f"({', '.join(items)}{',' if len(items) == 1 else ''})" if type(value) is tuple \
+            else f"[{', '.join(items)}]"
+    if type(value) is dict:
+        return "{" + ", ".join(f"{k!r}: {_attribute_source(ctx, v)}" for k, v in value.items()) + "}"
+    return ctx.param(value)
 
 
 @rule("remat2", "checkpoint")

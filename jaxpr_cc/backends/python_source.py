@@ -55,8 +55,8 @@ from .python_custom import CustomRulesMixin
 from .python_spelling import (SpellingError, array_literal_source, dtype_object_source,
                               dtype_source, literal_source, param_source, restore_expression,
                               sidecar_array)
-from .python_text import (HELPER_DEPS, HELPER_IMPORTS, HELPERS, Function, PythonEmitError, flat_return,
-                          layout, render_call, stmt, tuple_src)
+from .python_text import (HELPER_DEPS, HELPER_IMPORTS, HELPER_NAMES, HELPERS, Function,
+                          PythonEmitError, flat_return, layout, render_call, stmt, tuple_src)
 
 __all__ = ["INLINE_LIMIT", "PythonEmitError", "PythonModule", "emit_python",
            "emit_python_module", "write_python"]
@@ -194,7 +194,7 @@ class _ModuleEmitter:
         self.inline_limit = inline_limit
         # Every helper's name is reserved, used or not (a program or keyword argument
         # named like one would shadow it), and so is ``_``, the discard target.
-        self.namer = ModuleNamer(reserved=(*HELPERS, "_"))
+        self.namer = ModuleNamer(reserved=(*HELPER_NAMES, "_"))
         self.env: dict[Value, str] = {}
         self.helpers: set[str] = set()
         self.imports: set[str] = set()

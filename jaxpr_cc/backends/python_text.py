@@ -69,8 +69,14 @@ def _device(platform, device_id):
 ''',
     "_import_callable": '''
 def _import_callable(module_name, qualname, path):
-    """A Python function the program calls back into: by module name, else from its file."""
+    """A Python function the program calls back into: by module name, else from its file.
+    A script's function (``__main__`` when the module was emitted) is loaded from the
+    script, under another name, when this process's ``__main__`` is another program."""
     module = sys.modules.get(module_name)
+    if (module_name == "__main__" and path is not None
+            and not hasattr(module, qualname.split(".")[0])):
+        module_name = "_jaxpr_cc_script_" + "".join(c if c.isalnum() else "_" for c in path)
+        module = sys.modules.get(module_name)
     if module is None:
         try:
             module = importlib.import_module(module_name)
@@ -654,3 +660,23 @@ HELPER_DEPS = {"_linear_call_by_pattern": ("_bind",),
                "_custom_vjp_with_consts": ("_closed_over", "_dense", "_layout_marker"),
                "_vjp_by_pattern": ("_layout_marker",),
                "_custom_jvp_with_consts": ("_closed_over", "_dense")}
+
+
+def _top_level_names(source: str) -> set[str]:
+    import ast
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+#: Every name a helper binds at module level (a helper's own name, and the classes,
+#: constants and functions its text defines beside it): an emitted module reserves
+#: them all, so nothing of the program's replaces one.
+HELPER_NAMES = frozenset(HELPERS).union(*(_top_level_names(text) for text in HELPERS.values()))

@@ -472,7 +472,7 @@ def saved_node_difference(given, saved_aux, vouched: bool = False) -> str | None
                 f"was not saved as data, so the loaded program cannot check it: load the "
                 f"program with like=(example arguments) to vouch for it")
     given_static = static_of(g_aux)
-    if given_static != static and not _equal_static(given_static, static):
+    if given_static != static and not _equal_static(g_aux, static):
         return (f"is a {module}.{qualname} with static data {describe_static(given_static)} "
                 f"where the program was traced with {describe_static(static)} (jax.jit would "
                 f"trace again): pass a node with the traced static data, or trace the "
@@ -480,14 +480,29 @@ def saved_node_difference(given, saved_aux, vouched: bool = False) -> str | None
     return None
 
 
-def _equal_static(a: str, b: str) -> bool:
-    """Whether two static data, saved differently, are equal as Python compares
-    them (``1 == 1.0 == True``): jax.jit compares a node's static data with ``==``,
-    and so does a live program's calling convention."""
+def _equal_static(aux: Any, saved: str) -> bool:
+    """Whether a live node's static data equals saved static data as Python compares
+    them (``1 == 1.0 == True == np.int64(1)``): jax.jit compares a node's static data
+    with ``==``, and so does a live program's calling convention."""
     try:
-        return bool(_decode_static(json.loads(a), None, 0) == _decode_static(json.loads(b), None, 0))
+        return bool(_comparable(aux, 0) == _decode_static(json.loads(saved), None, 0))
     except (_NotData, ValueError, TypeError):
         return False
+
+
+def _comparable(value: Any, depth: int) -> Any:
+    """Live static data as ``_decode_static`` gives saved data back: containers
+    rebuilt, a stateless object by its type's name, anything else itself."""
+    if depth > _MAX_STATIC_DEPTH:
+        raise _NotData("data nested too deeply")
+    cls = type(value)
+    if cls in (tuple, list):
+        return cls(_comparable(v, depth + 1) for v in value)
+    if cls is dict:
+        return {k: _comparable(v, depth + 1) for k, v in value.items()}
+    if value is not None and cls not in (bool, int, float, complex, str) and _is_stateless(value):
+        return _ObjectName(_type_name(cls))
+    return value
 
 
 def _is_rebuilt_namedtuple(cls) -> bool:
