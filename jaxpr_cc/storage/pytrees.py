@@ -709,6 +709,12 @@ class LiveIndex:
             try:
                 aux = rebuild_static(static, self.objects)
             except _NotData as e:
+                if is_opaque_static(static):
+                    raise FormatError(
+                        f"a result {module}.{qualname} was traced with static data that was "
+                        f"not saved as data (a {json.loads(static)['opaque']}), so no node of "
+                        f"like can be checked to hold it; load without like= (the result is "
+                        f"a SavedNode)") from None
                 raise FormatError(
                     f"a result {module}.{qualname} was traced with static data "
                     f"{describe_static(static)}, which no node of like has and which cannot "
