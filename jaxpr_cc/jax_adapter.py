@@ -1323,6 +1323,15 @@ def array_copy_semantics_type() -> type:
     return dispatch.ArrayCopySemantics
 
 
+def host_callback_parts(callback):
+    """``(function, in_tree)`` of a ``pure_callback`` / ``io_callback`` equation's
+    ``callback`` param (JAX's flattening wrapper of the user's function), or None."""
+    from jax._src.callback import _FlatCallback
+    if not isinstance(callback, _FlatCallback):
+        return None
+    return callback.callback_func, callback.in_tree
+
+
 def custom_vmap_rule_type() -> type:
     """What ``custom_vmap_call``'s ``rule`` param holds for a user's rule."""
     from jax._src.custom_batching import ClosedRule

@@ -230,3 +230,124 @@ def test_a_rule_defined_in_a_script_is_found_by_another_process(tmp_path):
         capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[1.0, 2.0, 3.0] [[10.0, 11.0, 12.0]]"
+
+
+# ----------------------------------------------------------- third adversary
+def test_a_script_function_is_not_confused_with_the_importers_own(tmp_path):
+    # The importing script defines a function of the same name: the emitted module
+    # checked only that __main__ had that name, and ran the importer's function.
+    (tmp_path / "out").mkdir()
+    (tmp_path / "a.py").write_text(
+        "import jax, jax.numpy as jnp, jaxpr_cc\n"
+        "from jax.custom_batching import custom_vmap\n"
+        "@custom_vmap\n"
+        "def g(x):\n    return jnp.sin(x)\n"
+        "def rule(axis_size, in_batched, x):\n    return jnp.sin(x) + 100.0, in_batched[0]\n"
+        "g.def_vmap(rule)\n"
+        "def f(x):\n    return g(x) * 2.0\n"
+        "if __name__ == '__main__':\n"
+        "    jaxpr_cc.write_python(jaxpr_cc.trace(f, jnp.float32(0.0)), 'out/emitted.py')\n")
+    (tmp_path / "b.py").write_text(
+        "import sys, jax, jax.numpy as jnp\n"
+        "sys.path.insert(0, 'out')\n"
+        "def rule(axis_size, in_batched, x):\n    return jnp.cos(x) - 7.0, in_batched[0]\n"
+        "import emitted\n"
+        "print(jax.vmap(emitted.f)(jnp.arange(3.0)).tolist())\n")
+    subprocess.run([sys.executable, "a.py"], check=True, cwd=tmp_path)
+    run = subprocess.run([sys.executable, "b.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    want = (2.0 * (np.sin(np.arange(3.0, dtype=np.float32)) + 100.0)).tolist()
+    np.testing.assert_allclose(eval(run.stdout), want, rtol=1e-6)
+
+
+class _RuleBase:
+    OFFSET = 1.0
+
+    @classmethod
+    def rule(cls, axis_size, in_batched, x):
+        return jnp.sin(x) + cls.OFFSET, in_batched[0]
+
+
+class _RuleDerived(_RuleBase):
+    OFFSET = 50.0
+
+
+def _rule_v1(axis_size, in_batched, x):
+    return jnp.sin(x) + 100.0, in_batched[0]
+
+
+def _changing(axis_size, in_batched, x):  # version 1, used by a program
+    return jnp.sin(x) + 100.0, in_batched[0]
+
+
+_changing_v1 = _changing
+
+
+def _changing(axis_size, in_batched, x):  # noqa: F811 -- version 2 takes the name
+    return jnp.cos(x) - 100.0, in_batched[0]
+
+
+@pytest.mark.parametrize("rule", [_RuleDerived.rule, _RuleBase.rule, partial(_rule_v1),
+                                  _rule_v1.__get__(1), _changing_v1],
+                         ids=["subclass classmethod", "classmethod", "partial", "bound method",
+                              "rebound name"])
+def test_a_function_not_importable_as_itself_is_refused(rule):
+    # Imported by __module__ and __qualname__ it came back as another object
+    # (Base's classmethod, the rebound name's function): emit refuses, as pickle does.
+    @jax.custom_batching.custom_vmap
+    def g(x):
+        return jnp.sin(x)
+
+    g.def_vmap(rule)
+    p = jaxpr_cc.trace(lambda x: g(x), jnp.float32(0.5))
+    with pytest.raises(PythonEmitError, match="is not importable by module and name as the "
+                                              "same object"):
+        jaxpr_cc.emit_python(p)
+
+
+def test_empty_positional_arguments_keep_their_places(tmp_path):
+    # An argument with no leaves (None, (), {}) took a leaf name: the emitted
+    # function read the next argument from its slot.
+    def f(a, b, c, d):
+        return a + 10.0 * c
+
+    a, c = jnp.float32(1.0), jnp.float32(2.0)
+    for empty in (None, (), {}):
+        module = _module(jaxpr_cc.trace(f, a, empty, c, empty), tmp_path / "empty.py")
+        np.testing.assert_allclose(module.f(a, empty, c, empty), f(a, empty, c, empty))
+
+
+@pytest.mark.parametrize("name", ["__dict__", "__class__", "__getattr__"])
+def test_a_dunder_program_name_is_not_handed_out(name, tmp_path):
+    def f(x):
+        return jnp.sin(x)
+
+    f.__name__ = f.__qualname__ = name
+    module = _module(jaxpr_cc.trace(f, jnp.float32(0.5)), tmp_path / "dunder.py")
+    assert f"Its function is ``{name}_1``" in module.__doc__
+    np.testing.assert_allclose(getattr(module, f"{name}_1")(jnp.float32(0.5)), np.sin(0.5),
+                               rtol=1e-6)
+    assert not hasattr(module, "missing")
+
+
+def _host(x, y):
+    return {"s": np.sin(x) + y["a"], "c": np.cos(np.asarray(y["a"]))}
+
+
+def host_callback_program(x):
+    from jax.experimental import io_callback
+    shapes = {"s": jax.ShapeDtypeStruct(x.shape, x.dtype), "c": jax.ShapeDtypeStruct(x.shape, x.dtype)}
+    a = jax.pure_callback(_host, shapes, x, {"a": 2 * x}, vmap_method="sequential")
+    b = io_callback(_host, shapes, x, {"a": x}, ordered=True)
+    return a["s"] * b["c"] + a["c"]
+
+
+def test_pure_and_io_callbacks_emit(tmp_path):
+    # They were refused ("no Python spelling"), though the README said a callback's
+    # function is imported by name.
+    x = jnp.array([0.3, -1.2, 2.0])
+    module = _module(jaxpr_cc.trace(host_callback_program, x), tmp_path / "cb.py")
+    np.testing.assert_allclose(module.host_callback_program(x), host_callback_program(x),
+                               rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(module.host_callback_program)(x),
+                               jax.jit(host_callback_program)(x), rtol=1e-6)

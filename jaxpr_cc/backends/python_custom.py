@@ -544,6 +544,28 @@ class CustomRulesMixin:
             kwargs.append(("partitioned", "True"))
         return Call("jax.debug.callback", [fn] + list(self.ins[:n_pos]), kwargs)
 
+    def host_callback(self, eqn: Equation, kind: str) -> Call:
+        """``jax.pure_callback`` / ``io_callback``: the user's function imported by module
+        and name, called with its arguments rebuilt from the flat operands."""
+        from ..jax_adapter import host_callback_parts
+        p = eqn.params
+        parts = host_callback_parts(p.get("callback"))
+        if parts is None or p.get("sharding") is not None:
+            raise PythonEmitError(f"{self._where()}: a callback not made by jax.pure_callback or "
+                                  f"io_callback, or with a sharding, has no source form")
+        target, in_tree = parts
+        fn = self.emitter.callable_ref(target, self._where())
+        avals = tuple_src([f"({tuple(int(d) for d in a.shape)!r}, {self.dtype(a.dtype)})"
+                           for a in p["result_avals"]])
+        kwargs = []
+        if kind == "pure" and p.get("vmap_method") is not None:
+            kwargs.append(("vmap_method", repr(p["vmap_method"])))
+        if kind == "io":
+            kwargs.append(("ordered", repr(bool(p.get("ordered")))))
+        self.emitter.use_helper("_host_callback")
+        return Call("_host_callback", [repr(kind), fn, self.param(in_tree), avals, *self.ins],
+                    kwargs, multiple=True)
+
     def checkpoint_policy(self, policy):
         import jax
 

@@ -44,7 +44,9 @@ class ModuleNamer:
 
     def fresh(self, hint: str | None, default: str = "v") -> str:
         base = to_identifier(hint, default)
-        if base not in self.taken:
+        # A dunder name means something to Python (a module's ``__dict__``, its
+        # ``__getattr__``): never handed out as it is.
+        if base not in self.taken and not (base.startswith("__") and base.endswith("__")):
             self.taken.add(base)
             return base
         n = self.counts.get(base, 0)

@@ -400,6 +400,20 @@ def _debug_print(ctx, eqn):
     return Call("jax.debug.print", [repr(p["fmt"])] + list(ctx.ins[:n_pos]), kwargs)
 
 
+@rule("pure_callback")
+def _pure_callback(ctx, eqn):
+    if set(eqn.params) - {"callback", "result_avals", "sharding", "vmap_method"}:
+        return None
+    return ctx.host_callback(eqn, "pure")
+
+
+@rule("io_callback")
+def _io_callback(ctx, eqn):
+    if set(eqn.params) - {"callback", "result_avals", "sharding", "ordered"}:
+        return None
+    return ctx.host_callback(eqn, "io")
+
+
 @rule("debug_callback")
 def _debug_callback(ctx, eqn):
     return ctx.debug_callback(eqn)

@@ -332,7 +332,7 @@ class _ModuleEmitter:
 
     def _unpack_arg(self, name: str, tree, hints, prologue: list[str]) -> list[str]:
         from jax import tree_util
-        if tree_util.treedef_is_leaf(tree) and tree.num_nodes == 1:
+        if tree_util.treedef_is_leaf(tree) and tree.num_nodes == 1 and tree.num_leaves == 1:
             return [name]
         paths = _leaf_paths(tree)
         leaf_names = [self.namer.fresh(h or f"{name}_{k}") for k, h in enumerate(hints)]
@@ -637,11 +637,18 @@ class _ModuleEmitter:
             return self.callables[key]
         module = getattr(target, "__module__", None)
         qualname = getattr(target, "__qualname__", None)
-        if not module or not qualname or "<" in qualname:
-            raise PythonEmitError(f"{where}: callback {target!r} is not importable by module and "
-                                  f"name (a lambda or a nested function); it has no source form")
         import sys
-        mod = sys.modules.get(module)
+        mod = sys.modules.get(module) if isinstance(module, str) else None
+        found = mod
+        for part in (qualname or "<").split("."):
+            found = getattr(found, part, None) if "<" not in part else None
+        # As pickle does: the module and name must give back this very object (not a
+        # function rebound since, a subclass's classmethod, a bound method).
+        if mod is None or found is not target:
+            raise PythonEmitError(f"{where}: function {target!r} is not importable by module "
+                                  f"and name as the same object (a lambda, nested function, "
+                                  f"partial, bound method or rebound name); make it a "
+                                  f"module-level function")
         path = getattr(mod, "__file__", None)
         name = self.namer.fresh(qualname.split(".")[-1].lstrip("_") or "callback")
         self.helpers.add("_import_callable")

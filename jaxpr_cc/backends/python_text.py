@@ -73,8 +73,9 @@ def _import_callable(module_name, qualname, path):
     A script's function (``__main__`` when the module was emitted) is loaded from the
     script, under another name, when this process's ``__main__`` is another program."""
     module = sys.modules.get(module_name)
-    if (module_name == "__main__" and path is not None
-            and not hasattr(module, qualname.split(".")[0])):
+    if module_name == "__main__" and path is not None and (
+            module is None or getattr(module, "__file__", None) is None
+            or os.path.realpath(module.__file__) != os.path.realpath(path)):
         module_name = "_jaxpr_cc_script_" + "".join(c if c.isalnum() else "_" for c in path)
         module = sys.modules.get(module_name)
     if module is None:
@@ -93,7 +94,7 @@ def _import_callable(module_name, qualname, path):
     return target
 ''',
 }
-HELPER_IMPORTS = {"_bind": ("sys",), "_mesh": (), "_device": (), "_dense": (), "_import_callable": ("importlib", "sys")}
+HELPER_IMPORTS = {"_bind": ("sys",), "_mesh": (), "_device": (), "_dense": (), "_import_callable": ("importlib", "os", "sys")}
 
 
 def stmt(code: str) -> cst.BaseStatement:
@@ -611,6 +612,23 @@ def _custom_vmap_call(call, rule, n_consts, args_tree, out_tree, *operands):
     return jax.tree_util.tree_leaves(batched(*jax.tree_util.tree_unflatten(args_tree, leaves)))
 '''
 HELPER_IMPORTS["_custom_vmap_call"] = ()
+
+HELPERS["_host_callback"] = '''
+def _host_callback(kind, fn, in_tree, result_avals, *operands, **options):
+    """``jax.pure_callback`` (``kind`` "pure") or ``io_callback`` ("io") of ``fn``, called
+    with its arguments rebuilt from ``operands`` (``in_tree``: its positional and keyword
+    arguments) and giving the leaves of its result, of ``result_avals`` (shape, dtype)."""
+    def flat_fn(*flat):
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat)
+        return tuple(jax.tree_util.tree_leaves(fn(*args, **kwargs)))
+
+    shapes = tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in result_avals)
+    if kind == "pure":
+        return jax.pure_callback(flat_fn, shapes, *operands, **options)
+    from jax.experimental import io_callback
+    return io_callback(flat_fn, shapes, *operands, **options)
+'''
+HELPER_IMPORTS["_host_callback"] = ()
 
 HELPERS["_treedef"] = '''
 def _treedef(node):
