@@ -1323,6 +1323,23 @@ def array_copy_semantics_type() -> type:
     return dispatch.ArrayCopySemantics
 
 
+#: The public ``jax.*`` modules a bare ``import jax`` loads (JAX 0.10.2, measured in a
+#: fresh process; tests/test_emit_python_adversary_38.py checks it).  An emitted module
+#: imports any other ``jax`` module it names (``jax.ad_checkpoint``), which would
+#: otherwise be missing in a process that never imported it.
+MODULES_IMPORT_JAX_LOADS = frozenset({
+    "jax.api_util", "jax.core", "jax.custom_batching", "jax.custom_derivatives", "jax.debug",
+    "jax.distributed", "jax.dlpack", "jax.dtypes", "jax.errors", "jax.experimental",
+    "jax.experimental.compilation_cache", "jax.experimental.compilation_cache.compilation_cache",
+    "jax.export", "jax.ffi", "jax.image", "jax.interpreters", "jax.interpreters.ad",
+    "jax.interpreters.batching", "jax.interpreters.mlir", "jax.interpreters.partial_eval",
+    "jax.interpreters.pxla", "jax.interpreters.xla", "jax.lax", "jax.lax.linalg", "jax.lib",
+    "jax.monitoring", "jax.nn", "jax.nn.initializers", "jax.numpy", "jax.numpy.fft",
+    "jax.numpy.linalg", "jax.ops", "jax.profiler", "jax.random", "jax.ref", "jax.scipy",
+    "jax.sharding", "jax.stages", "jax.tree", "jax.tree_util", "jax.typing", "jax.version",
+})
+
+
 def host_callback_parts(callback):
     """``(function, in_tree)`` of a ``pure_callback`` / ``io_callback`` equation's
     ``callback`` param (JAX's flattening wrapper of the user's function), or None."""

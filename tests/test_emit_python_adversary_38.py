@@ -351,3 +351,74 @@ def test_pure_and_io_callbacks_emit(tmp_path):
                                rtol=1e-6)
     np.testing.assert_allclose(jax.jit(module.host_callback_program)(x),
                                jax.jit(host_callback_program)(x), rtol=1e-6)
+
+
+# ---------------------------------------------------------- fourth adversary
+def _fresh_process(module_dir, code):
+    run = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(module_dir)!r})\n"
+                          + code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_jax_modules_the_module_names_are_imported(tmp_path):
+    # jax.ad_checkpoint (checkpoint_name) and shard_alike's module are not loaded by
+    # `import jax`: the module worked where it was written and failed elsewhere.
+    from jax.ad_checkpoint import checkpoint_name
+    from jax.experimental.shard_alike import shard_alike
+
+    def f(x, y):
+        a, b = shard_alike(jnp.cos(checkpoint_name(jnp.sin(x), "a")), y)
+        return a * b
+
+    x = jnp.array([0.3, -1.2, 2.0])
+    jaxpr_cc.write_python(jaxpr_cc.trace(f, x, x), tmp_path / "ck.py")
+    got = _fresh_process(tmp_path, "import jax.numpy as jnp, ck\n"
+                                   "print(ck.f(jnp.array([0.3, -1.2, 2.0]), jnp.array([0.3, -1.2, 2.0])).tolist())")
+    np.testing.assert_allclose(eval(got), f(x, x), rtol=1e-6)
+
+
+def test_modules_import_jax_loads_is_this_jax():
+    from jaxpr_cc.jax_adapter import MODULES_IMPORT_JAX_LOADS
+    loaded = _fresh_process(".", "import jax\nprint(sorted(m for m in sys.modules if "
+                                 "m.startswith('jax.') and not m.startswith('jax._src')))")
+    assert set(eval(loaded)) == MODULES_IMPORT_JAX_LOADS
+
+
+@partial(lax.composite, name="my.dtyped")
+def _dtyped(x, *, dt, bt):
+    return x * 2.0
+
+
+def test_a_dtype_attribute_is_emitted_as_a_dtype(tmp_path):
+    # np.dtype("float32") was spelled np.float32, a type: jax.jit of the module failed.
+    def prog(x):
+        return _dtyped(x, dt=np.dtype("float32"), bt=np.dtype(jnp.bfloat16))
+
+    x = jnp.arange(3.0)
+    module = _module(jaxpr_cc.trace(prog, x), tmp_path / "dtyped.py")
+    np.testing.assert_allclose(jax.jit(module.prog)(x), jax.jit(prog)(x))
+
+
+def test_a_keyword_python_reads_as_another_is_refused():
+    # 'ｎｐ' is an identifier, but Python reads it as np in source.
+    p = jaxpr_cc.trace(lambda x, **kw: x * kw["\uff4e\uff50"], jnp.float32(1.0),
+                       **{"\uff4e\uff50": jnp.float32(2.0)})
+    with pytest.raises(PythonEmitError, match="is read by Python as 'np' in source"):
+        jaxpr_cc.emit_python(p)
+
+
+def test_a_script_namedtuple_comes_back_as_the_scripts_class(tmp_path):
+    (tmp_path / "nt.py").write_text(
+        "import collections, importlib.util, jax, jax.numpy as jnp, jaxpr_cc\n"
+        "NT = collections.namedtuple('NT', 'a b')\n"
+        "def f(n):\n    return NT(n.b, n.a * 2)\n"
+        "if __name__ == '__main__':\n"
+        "    n = NT(jnp.ones(2), jnp.ones(2))\n"
+        "    jaxpr_cc.write_python(jaxpr_cc.trace(f, n), 'mod.py')\n"
+        "    spec = importlib.util.spec_from_file_location('mod', 'mod.py')\n"
+        "    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "    print(type(m.f(n)) is NT, jax.tree.map(lambda a, b: a + b, f(n), m.f(n)).b.tolist())\n")
+    run = subprocess.run([sys.executable, "nt.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True [4.0, 4.0]"

@@ -400,6 +400,13 @@ def _debug_print(ctx, eqn):
     return Call("jax.debug.print", [repr(p["fmt"])] + list(ctx.ins[:n_pos]), kwargs)
 
 
+@rule("shard_alike")
+def _shard_alike(ctx, eqn):
+    if eqn.params:
+        return None
+    return Call("jax.experimental.shard_alike.shard_alike", list(ctx.ins), multiple=True)
+
+
 @rule("pure_callback")
 def _pure_callback(ctx, eqn):
     if set(eqn.params) - {"callback", "result_avals", "sharding", "vmap_method"}:
@@ -662,6 +669,8 @@ def _attribute_source(ctx, value) -> str:
     from .python_spelling import array_literal_source
     if isinstance(value, np.generic):
         return f"{array_literal_source(np.asarray(value))}[()]"
+    if isinstance(value, np.dtype):  # a dtype, not its scalar type
+        return f"np.dtype({ctx.dtype(value)})"
     if type(value) in (tuple, list):
         items = [_attribute_source(ctx, v) for v in value]
         return f"({', '.join(items)}{',' if len(items) == 1 else ''})" if type(value) is tuple \

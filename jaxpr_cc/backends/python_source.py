@@ -37,7 +37,9 @@ import dataclasses
 import keyword
 import os
 import pathlib
+import re
 import sys
+import unicodedata
 import zipfile
 from typing import Any, Sequence
 
@@ -279,9 +281,12 @@ class _ModuleEmitter:
                 f"with np.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "
                 f"{self.sidecar_name!r})) as _sidecar:\n"
                 f"    _CONSTS = {{key: _sidecar[key] for key in _sidecar.files}}\n"))
+        body = [("body", helpers), ("body", constants), ("body", self.module_defs),
+                ("body", fns)]
+        third_party += [f"import {m}" for m in _unloaded_jax_modules(
+            layout([(kind, g) for kind, g in body if g]))]
         groups = [("doc", [stmt(docstring)]), ("import", [stmt(i) for i in imports]),
-                  ("import", [stmt(i) for i in third_party]), ("body", helpers),
-                  ("body", constants), ("body", self.module_defs), ("body", fns)]
+                  ("import", [stmt(i) for i in third_party]), *body]
         code = layout([(kind, g) for kind, g in groups if g])
         cst.parse_module(code)  # the emitted text must parse back
         compile(code, f"<jaxpr-cc {self.program.name}>", "exec")
@@ -307,6 +312,12 @@ class _ModuleEmitter:
                 raise PythonEmitError(
                     f"{program.name}: keyword argument {key!r} is not a Python identifier; "
                     f"rename it in the traced function")
+            if unicodedata.normalize("NFKC", key) != key:
+                # Python reads identifiers in source NFKC-normalized: no def can take it.
+                raise PythonEmitError(
+                    f"{program.name}: keyword argument {key!r} is read by Python as "
+                    f"{unicodedata.normalize('NFKC', key)!r} in source; rename it in the "
+                    f"traced function")
             inner = key if self.namer.claim(key) else self.namer.fresh(key, "kwarg")
             if inner != key:
                 self.kw_inside[key] = inner
@@ -381,6 +392,11 @@ class _ModuleEmitter:
         be imported by name, else defined here with the same name and fields."""
         key = (kind.__module__, kind.__qualname__, tuple(kind._fields))
         if key in self.namedtuples:
+            return self.namedtuples[key]
+        if kind.__module__ == "__main__" and getattr(sys.modules["__main__"], kind.__qualname__,
+                                                    None) is kind:
+            # A script's class: taken from the script, as a script's function is.
+            self.namedtuples[key] = self.callable_ref(kind, self.program.name)
             return self.namedtuples[key]
         name = self.namer.fresh(kind.__name__, "Record")
         if _importable(kind.__module__) and "." not in kind.__qualname__ \
@@ -663,6 +679,34 @@ class _ModuleEmitter:
             self.env[v] = self.namer.fresh(hint or v.name or "a")
             names.append(self.env[v])
         return names
+
+
+_JAX_PATH = re.compile(r"(?<![\w.])jax(?:\.[A-Za-z_]\w*)+")
+
+
+def _unloaded_jax_modules(code: str) -> list[str]:
+    """The ``jax`` modules ``code`` names (``jax.ad_checkpoint.checkpoint_name``: the
+    longest prefix that is a module) that a bare ``import jax`` does not load."""
+    import importlib.util
+
+    from ..jax_adapter import MODULES_IMPORT_JAX_LOADS
+    found = set()
+    # (Names in import statements are imported where they stand: a helper's own.)
+    used = "\n".join(line for line in code.splitlines()
+                     if not line.lstrip().startswith(("import ", "from ")))
+    for path in set(_JAX_PATH.findall(used)):
+        parts = path.split(".")
+        for k in range(len(parts), 1, -1):
+            name = ".".join(parts[:k])
+            try:
+                is_module = importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError, AttributeError):
+                is_module = False
+            if is_module:
+                if name not in MODULES_IMPORT_JAX_LOADS and not name.startswith("jax._src"):
+                    found.add(name)
+                break
+    return sorted(found)
 
 
 def _importable(module: str) -> bool:
