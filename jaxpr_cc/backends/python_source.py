@@ -219,7 +219,7 @@ class _ModuleEmitter:
         fn_name = self.fn_name = self.namer.fresh(program.name, "program")
         params_src, prologue, arg_leaves = self._signature()
         public = None
-        if self.kw_inside:
+        if any(key != inner for key, inner in self.kw_names):
             # A keyword argument named like something the module uses (a helper, an
             # import, a builtin, ``_``) would shadow it inside the function: the
             # function takes it under another name, behind a public def that only
@@ -305,8 +305,7 @@ class _ModuleEmitter:
         params: list[str] = []
         # Keyword-only parameters must keep their names exactly: claim them first.
         # A name the module uses is taken inside under another (``build``).
-        self.kw_inside: dict[str, str] = {}
-        self.kw_names: list[tuple[str, str]] = []
+        self.kw_names: list[tuple[str, str]] = []  # (public name, name inside)
         for key in kw_keys:
             if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
                 raise PythonEmitError(
@@ -319,8 +318,6 @@ class _ModuleEmitter:
                     f"{unicodedata.normalize('NFKC', key)!r} in source; rename it in the "
                     f"traced function")
             inner = key if self.namer.claim(key) else self.namer.fresh(key, "kwarg")
-            if inner != key:
-                self.kw_inside[key] = inner
             self.kw_names.append((key, inner))
         start = 0
         for i, child in enumerate(args_tree.children()):
