@@ -1340,6 +1340,13 @@ MODULES_IMPORT_JAX_LOADS = frozenset({
 })
 
 
+def is_made_checkpoint_policy(fn) -> bool:
+    """A checkpoint policy a ``jax.checkpoint_policies`` factory made as a closure
+    (``save_from_both_policies``, the offloading ones)."""
+    return getattr(fn, "__module__", None) == "jax._src.ad_checkpoint" and "<locals>" in \
+        getattr(fn, "__qualname__", "")
+
+
 def host_callback_parts(callback):
     """``(function, in_tree)`` of a ``pure_callback`` / ``io_callback`` equation's
     ``callback`` param (JAX's flattening wrapper of the user's function), or None."""

@@ -190,7 +190,7 @@ class _StandIn:
         # partials: hand it the user's innermost function.
         return innermost_function(self._jaxpr_cc_state._fun)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         return self._jaxpr_cc_state._staged_call(args, kwargs)
 
     def __repr__(self) -> str:
@@ -368,9 +368,9 @@ class JitFunction:
         spec_args, spec_kwargs = tree_util.tree_unflatten(tree, specs)
         # Errors raised by the user's function propagate unchanged from here.
         from .closure.session import jax_errors, patterns_when_given
-        from .frontend.trace import trace
+        from .frontend.trace import trace_call
         with jax_errors(), patterns_when_given():  # as jax.jit would raise them
-            program = trace(target, *spec_args, **spec_kwargs)
+            program = trace_call(target, tuple(spec_args), dict(spec_kwargs))
         program = _run_pipeline(program, self._pipeline, self._label)
         entry = _Entry(program, forward_mode=self._forward_mode)
         if not _holds_tracers(program):
@@ -432,7 +432,7 @@ class JitFunction:
         return sorted(leaves)
 
     # ---------------------------------------------------------- inspection
-    def program(self, *args, **kwargs) -> Program:
+    def program(self, /, *args, **kwargs) -> Program:
         """The program (after the pipeline) that runs for these arguments, with
         their placements on a device mesh (this ``jit``'s in_shardings, else the
         committed arrays' shardings) as its ``arg_shardings``, as
@@ -452,7 +452,7 @@ class JitFunction:
         # placements belong to these arguments (a shallow copy: passes copy).
         return program if placed == program.arg_shardings else program.replace(arg_shardings=placed)
 
-    def executable(self, *args, **kwargs) -> xla.Executable:
+    def executable(self, /, *args, **kwargs) -> xla.Executable:
         """The program for these arguments compiled with :func:`jaxpr_cc.compile`,
         placed as this ``jit`` places it (its in_shardings/out_shardings, else the
         arguments' committed shardings; its donated arguments): an

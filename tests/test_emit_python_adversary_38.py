@@ -422,3 +422,67 @@ def test_a_script_namedtuple_comes_back_as_the_scripts_class(tmp_path):
     run = subprocess.run([sys.executable, "nt.py"], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "True [4.0, 4.0]"
+
+
+# ----------------------------------------------------------- fifth adversary
+def _with_self(x, *, self, fun=1.0):
+    return x * self + fun
+
+
+def test_a_keyword_argument_named_self_or_fun_reaches_the_function(tmp_path):
+    # Program.__call__(self, ...) and trace(fun, ...) took it as their own.
+    x = jnp.ones(3)
+    want = jax.jit(_with_self)(x, self=2.0, fun=3.0)
+    p = jaxpr_cc.trace(_with_self, x, self=2.0, fun=3.0)
+    jaxpr_cc.save(p, tmp_path / "s.jcc")
+    for fn in (p, jaxpr_cc.load(tmp_path / "s.jcc"), jaxpr_cc.compile(p), jaxpr_cc.jit(_with_self)):
+        np.testing.assert_allclose(fn(x, self=2.0, fun=3.0), want)
+    np.testing.assert_allclose(jaxpr_cc.jit(_with_self).program(x, self=2.0, fun=3.0)(
+        x, self=2.0, fun=3.0), want)
+
+
+def test_jit_passes_keywords_named_like_trace_options_to_the_function():
+    def f(x, *, closed_over, max_forward_size=1.0):
+        return x * closed_over + max_forward_size
+
+    x = jnp.ones(2)
+    np.testing.assert_allclose(jaxpr_cc.jit(f)(x, closed_over=2.0, max_forward_size=3.0),
+                               jax.jit(f)(x, closed_over=2.0, max_forward_size=3.0))
+
+
+@pytest.mark.parametrize("make", [
+    lambda cp: cp.save_from_both_policies(cp.dots_saveable, cp.nothing_saveable),
+    lambda cp: cp.offload_dot_with_no_batch_dims("device", "pinned_host")],
+    ids=["save_from_both_policies", "offload_dot_with_no_batch_dims"])
+def test_a_made_checkpoint_policy_is_refused_saying_what_it_is(make, tmp_path):
+    # The messages said it was not one of jax.checkpoint_policies, and to run closure
+    # conversion.
+    p = jaxpr_cc.trace(jax.checkpoint(lambda x: jnp.cos(jnp.sin(x)) * x,
+                                      policy=make(jax.checkpoint_policies)), jnp.ones(3))
+    for action, error in ((lambda: jaxpr_cc.emit_python(p), PythonEmitError),
+                          (lambda: jaxpr_cc.save(p, tmp_path / "p.jcc"), jaxpr_cc.SaveError)):
+        with pytest.raises(error, match="is a closure jax.checkpoint_policies made from other "
+                                        "values"):
+            action()
+
+
+def test_a_pass_option_naming_what_the_program_lacks_is_bad_input(tmp_path, capsys):
+    from jaxpr_cc.cli.main import main
+    from jaxpr_cc.passes.base import PassOptionError
+
+    @jax.custom_vjp
+    def g(x):
+        return jnp.sin(x)
+
+    g.defvjp(lambda x: (g(x), x), lambda x, ct: (jnp.cos(x) * ct,))
+    p = jaxpr_cc.trace(g, jnp.ones(2))
+    with pytest.raises(PassOptionError, match="rules=nonexistent: the program has no "
+                                              "custom_vjp rule of that name \\(its rules: g\\)"):
+        jaxpr_cc.run_passes(p, "vjp-to-jvp{rules=nonexistent}")
+    jaxpr_cc.save(p, tmp_path / "g.jcc")
+    for pipeline in ("vjp-to-jvp{rules=nonexistent}", "implicit-diff{loops=foo}"):
+        assert main(["opt", str(tmp_path / "g.jcc"), "-p", pipeline,
+                     "-o", str(tmp_path / "o.jcc")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "failed" not in err, err
+        assert not (tmp_path / "o.jcc").exists()

@@ -569,7 +569,7 @@ class CustomRulesMixin:
     def checkpoint_policy(self, policy):
         import jax
 
-        from ..jax_adapter import named_policy_types
+        from ..jax_adapter import is_made_checkpoint_policy, named_policy_types
         if policy is None:
             return None
         made_from_names = named_policy_types().get(type(policy))
@@ -585,6 +585,10 @@ class CustomRulesMixin:
                 same = False
             if same:
                 return f"jax.checkpoint_policies.{name}"
+        if is_made_checkpoint_policy(policy):
+            raise PythonEmitError(f"{self._where()}: checkpoint policy {policy.__qualname__} is a "
+                                  f"closure jax.checkpoint_policies made from other values (a "
+                                  f"combination or an offloading policy); it has no source form")
         raise PythonEmitError(f"{self._where()}: checkpoint policy {policy!r} is not one of "
                               f"jax.checkpoint_policies; it has no source form")
 

@@ -470,7 +470,7 @@ class Executable:
         self._fast = functools.partial(call, *self.params) if self.params else call
 
     # -------------------------------------------------------------- calling
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         leaves, tree = tree_util.tree_flatten((args, kwargs))
         if tree != self.in_tree:
             self._check_structure(tree)

@@ -82,12 +82,15 @@ def _serialized(exe) -> bytes:
 
 
 def _run_pipeline(program, pipeline: str):
+    from ..passes.base import PassOptionError
     from ..passes.manager import PassError, run_passes
     from ..passes.pipeline import PipelineError
     try:
         return run_passes(program, pipeline)
     except PipelineError as e:
         raise CliError(f"-p: {e.one_line()}") from e
+    except PassOptionError as e:
+        raise CliError(str(e)) from e
     except PassError as e:
         raise CliError(str(e), code=1) from e
 

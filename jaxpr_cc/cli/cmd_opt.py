@@ -69,6 +69,7 @@ def list_passes() -> str:
 def run(args) -> int:
     from ..io import SaveError, dumps
     from ..ir.verifier import VerificationError
+    from ..passes.base import PassOptionError
     from ..passes.manager import PassError, PassManager
     from ..passes.pipeline import PipelineError
     from .loading import load_program_arg
@@ -105,6 +106,8 @@ def run(args) -> int:
         # Keep the loaded program untouched (one copy), so that a crash reproducer
         # can replay the passes before the failing one exactly.
         result = manager.run(program)
+    except PassOptionError as e:
+        raise CliError(str(e)) from e
     except PassError as e:
         raise CliError(str(e), code=1) from e
     except VerificationError as e:

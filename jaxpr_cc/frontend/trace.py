@@ -12,8 +12,8 @@ from .. import jax_adapter as jx
 from ..ir.program import Program
 
 
-def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_size: int = 4096,
-          **example_kwargs) -> Program:
+def trace(fun: Callable, /, *example_args, closed_over: str = "auto",
+          max_forward_size: int = 4096, **example_kwargs) -> Program:
     """Trace ``fun`` on example arguments into a first-order :class:`Program`.
 
     Arguments may be arrays, ``jax.ShapeDtypeStruct``s, Python scalars, or pytrees of
@@ -33,6 +33,15 @@ def trace(fun: Callable, *example_args, closed_over: str = "auto", max_forward_s
         raise TypeError(
             "jaxpr_cc.trace: rule_depth was removed; recursion through custom rules is "
             "finite now (any derivative order works): drop the argument")
+    return trace_call(fun, example_args, example_kwargs, closed_over=closed_over,
+                      max_forward_size=max_forward_size)
+
+
+def trace_call(fun: Callable, example_args: tuple, example_kwargs: dict, *,
+               closed_over: str = "auto", max_forward_size: int = 4096) -> Program:
+    """:func:`trace` of ``fun(*example_args, **example_kwargs)``, the keyword arguments
+    given as a dict: every one goes to ``fun`` (``jaxpr_cc.jit`` passes a caller's
+    keywords, whatever their names, as ``jax.jit`` does)."""
     from ..closure.session import current, session
     from .staged_rules import convert_program
 

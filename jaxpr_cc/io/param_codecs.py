@@ -30,9 +30,9 @@ from ..ir.region import Region
 from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
                            ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
                            UNSPECIFIED, array_copy_semantics_type, custom_vmap_rule_type,
-                           dots_saveable_type, hashable_array_type, linear_solve_tuple_type,
-                           named_policy_types, param_enum_types, prng_impl_by_name,
-                           prng_impl_type, WrappedFun)
+                           dots_saveable_type, hashable_array_type, is_made_checkpoint_policy,
+                           linear_solve_tuple_type, named_policy_types, param_enum_types,
+                           prng_impl_by_name, prng_impl_type, WrappedFun)
 from ..storage import dtypes, pytrees
 from . import effects, primitives, shardings
 from ..storage.errors import FormatError, SaveError
@@ -495,6 +495,11 @@ def _enc_function(value, enc):
     try:  # a module-level function of a numerical library, by name
         return {"$t": "library_ref", "v": list(library_refs.reference(value))}
     except library_refs.NotReachable:
+        if is_made_checkpoint_policy(value):
+            raise SaveError(f"cannot save {enc.where}: the checkpoint policy "
+                            f"{value.__qualname__} is a closure jax.checkpoint_policies made "
+                            f"from other values (a combination or an offloading policy): "
+                            f"code, not data; named policies and name lists are saved") from None
         raise SaveError(enc._cannot(value)) from None
 
 

@@ -143,7 +143,7 @@ class Program:
             f"{self.name}: {structure_mismatch(tree, self.in_tree)}; the program was traced "
             f"with arguments of structure {self.in_tree}: pass arguments of that structure")
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         from ..jax_adapter import eval_jaxpr
         flat = self.flatten_args(args, kwargs)
         from ..jax_adapter import evaluated_eagerly

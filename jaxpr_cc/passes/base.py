@@ -16,6 +16,11 @@ from typing import Any, ClassVar
 PASS_REGISTRY: dict[str, type["Pass"]] = {}
 
 
+class PassOptionError(ValueError):
+    """A pass option names something the program does not have (``loops=`` a loop it
+    lacks): bad input, reported as it is, not as a failing pass."""
+
+
 @dataclass
 class PassContext:
     """What a running pass may read and report."""

@@ -84,7 +84,7 @@ from ..frontend.staged_rules import convert_program
 from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.value import Value
-from .base import Pass, PassContext, register_pass
+from .base import Pass, PassContext, PassOptionError, register_pass
 from .fixed_point_match import (COUNTER, INVARIANT, FixedPointLoop, convergence_only,
                                 match_fixed_point)
 
@@ -177,14 +177,14 @@ class ImplicitDiff(Pass):
             if item.isdigit():
                 pos = int(item)
                 if pos >= len(found):
-                    raise ValueError(f"implicit-diff: loops={item}: the program has {len(found)} "
+                    raise PassOptionError(f"implicit-diff: loops={item}: the program has {len(found)} "
                                      f"while loops (positions 0..{len(found) - 1})")
                 chosen.add(pos)
             else:
                 hits = {i for i, n in names.items() if n == item}
                 if not hits:
                     known = ", ".join(sorted({n for n in names.values() if n})) or "none"
-                    raise ValueError(f"implicit-diff: loops={item}: no while loop was traced in a "
+                    raise PassOptionError(f"implicit-diff: loops={item}: no while loop was traced in a "
                                      f"function named {item!r} (loops are in: {known})")
                 chosen |= hits
         return chosen

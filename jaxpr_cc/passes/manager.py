@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TextIO
 
 from ..ir.verifier import VerificationError, verify_program
-from .base import Pass, PassContext
+from .base import Pass, PassContext, PassOptionError
 from .donation import drop_unsafe_donations
 from .pipeline import Pipeline, as_pipeline
 
@@ -184,6 +184,8 @@ class PassManager:
             if result is None:
                 raise TypeError(f"{type(pass_).__name__}.run() returned None; a pass must return "
                                 f"the resulting Program")
+        except PassOptionError:
+            raise
         except Exception as e:
             raise self._failure(index, pass_, work, original, e,
                                 f"{type(e).__name__}: {e}") from e

@@ -76,7 +76,7 @@ from ..ir.equation import Equation
 from ..ir.region import Region
 from ..ir.value import Value
 from ..closure.transpose import NotTransposableError, transpose_linear
-from .base import Pass, PassContext, register_pass
+from .base import Pass, PassContext, PassOptionError, register_pass
 
 jx.register_linear_call_batching()
 # Reverse mode along a linear_call's perturbed residuals (jax.grad(jax.jacfwd(f))
@@ -103,6 +103,11 @@ class VjpToJvp(Pass):
     def run(self, program, ctx: PassContext):
         rewriter = _Rewriter(self, ctx)
         rewriter.region(program.body)
+        unknown = sorted(set(self.rules) - rewriter.names)
+        if unknown:
+            raise PassOptionError(
+                f"vjp-to-jvp: rules={','.join(unknown)}: the program has no custom_vjp rule "
+                f"of that name (its rules: {', '.join(sorted(rewriter.names)) or 'none'})")
         ctx.changed = rewriter.changed
         return program
 
@@ -119,6 +124,7 @@ class _Rewriter:
         self.built: dict[tuple, dict | None] = {}  # (call, fwd, bwd) region ids -> new params
         self.changed = False
         self.unchecked = 0  # depth of shard_map(check_vma=False) bodies being visited
+        self.names: set[str] = set()  # the names of the custom_vjp rules met
 
     def region(self, region: Region, primal_differentiated: bool = False) -> None:
         """Rewrite the rules in ``region``.  ``primal_differentiated``: the region is
@@ -163,6 +169,7 @@ class _Rewriter:
         if not is_first_order_custom("custom_vjp_call", p):
             self.ctx.count("calls-skipped-not-first-order")
             return
+        self.names.add(p["name"])
         if self.options.rules and p["name"] not in self.options.rules:
             self.ctx.count("calls-not-selected")
             return
