@@ -486,3 +486,38 @@ def test_a_pass_option_naming_what_the_program_lacks_is_bad_input(tmp_path, caps
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and "failed" not in err, err
         assert not (tmp_path / "o.jcc").exists()
+
+
+# ----------------------------------------------------------- sixth adversary
+def fp(theta):
+    return lax.while_loop(lambda s: jnp.abs(s[0] - s[1]) > 1e-6,
+                          lambda s: (0.5 * jnp.cos(s[0]) * theta + 0.1, s[0]),
+                          (jnp.float32(0.0), jnp.float32(1.0)))[0]
+
+
+def test_loops_by_name_on_a_loaded_program_says_to_select_by_position(tmp_path):
+    # Loop names come from source locations, which a saved program does not keep.
+    from jaxpr_cc.passes.base import PassOptionError
+
+    p = jaxpr_cc.trace(lambda x: fp(x) * 2.0, jnp.float32(0.3))
+    jaxpr_cc.run_passes(p, "implicit-diff{loops=fp}")  # traced here: source locations
+    jaxpr_cc.save(p, tmp_path / "p.jcc")
+    loaded = jaxpr_cc.load(tmp_path / "p.jcc")
+    with pytest.raises(PassOptionError, match="no source locations .* select them by "
+                                              "position: loops=0..0"):
+        jaxpr_cc.run_passes(loaded, "implicit-diff{loops=fp}")
+    jaxpr_cc.run_passes(loaded, "implicit-diff{loops=0}")
+
+
+def test_a_keyword_named___debug___is_refused_in_one_line():
+    p = jaxpr_cc.trace(lambda x, **kw: x + kw["__debug__"], jnp.float32(1.0),
+                       **{"__debug__": jnp.float32(2.0)})
+    with pytest.raises(PythonEmitError, match="'__debug__' is not a Python identifier"):
+        jaxpr_cc.emit_python(p)
+
+
+def test_loading_an_executable_as_a_program_says_what_it_is(tmp_path):
+    jaxpr_cc.jit(lambda x: x * 2).executable(jnp.ones(3)).save(tmp_path / "f.jxe")
+    with pytest.raises(jaxpr_cc.LoadError, match="is a compiled executable .* load it with "
+                                                 "jaxpr_cc.backends.xla.load_executable"):
+        jaxpr_cc.load(tmp_path / "f.jxe")

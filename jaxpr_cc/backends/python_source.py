@@ -307,7 +307,8 @@ class _ModuleEmitter:
         # A name the module uses is taken inside under another (``build``).
         self.kw_names: list[tuple[str, str]] = []  # (public name, name inside)
         for key in kw_keys:
-            if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)):
+            if not (isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)
+                    and key != "__debug__"):  # (an identifier no code may bind)
                 raise PythonEmitError(
                     f"{program.name}: keyword argument {key!r} is not a Python identifier; "
                     f"rename it in the traced function")

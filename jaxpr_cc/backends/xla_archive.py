@@ -28,13 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from ..io.api import EXECUTABLE_FORMAT, is_executable
 from ..storage import dtypes as _dtypes
 from ..storage import pytrees as _pytrees
 from ..storage.errors import FormatError, LoadError, SaveError
 from ..storage.atomic import write_file
 from ..storage.npy import decode_npy, encode_npy
 
-FORMAT_NAME = "jaxpr-cc-executable"
+FORMAT_NAME = EXECUTABLE_FORMAT
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 EXPORTED = "exported.bin"
@@ -112,12 +113,7 @@ def _read_member(zf: zipfile.ZipFile, path: str, name: str) -> bytes:
 
 def is_executable_archive(path: str) -> bool:
     """True when ``path`` is a zip whose manifest names this format (any version)."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            manifest = json.loads(zf.read(MANIFEST))
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        return False
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
+    return is_executable(path)
 
 
 def _parse_manifest(path: str, data: bytes) -> dict:

@@ -40,7 +40,8 @@ def run(args) -> int:
     import numpy as np
     from jax import tree_util
 
-    from .loading import is_executable, load_saved, read_input_bytes, read_npz
+    from ..io.api import is_executable
+    from .loading import load_saved, read_input_bytes, read_npz
     from .output import check_writable, write_output
 
     check_writable(args.output, [(args.program, "the program"),

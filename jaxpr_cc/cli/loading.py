@@ -241,6 +241,7 @@ def load_saved(target: str, data: bytes | None = None):
     already read from ``target``."""
     import jaxpr_cc
     from jaxpr_cc.io import LoadError, loads
+    from jaxpr_cc.io.api import is_executable
     from .progress import progress
     try:
         with progress(f"loading {target}"):
@@ -254,26 +255,6 @@ def load_saved(target: str, data: bytes | None = None):
             raise CliError(f"{target}: is a compiled executable (from `jaxpr-cc compile`), not a "
                            f"saved program; run it with `jaxpr-cc exec`") from e
         raise CliError(str(e)) from e
-
-
-def is_executable(path_or_data: str | bytes) -> bool:
-    """A bounded sniff for the XLA backend's executable files (a zip whose small
-    manifest names that format), given a path or the file's bytes; never
-    decompresses more than 1 MiB."""
-    import io
-    import json
-    import zipfile
-    source = io.BytesIO(path_or_data) if isinstance(path_or_data, bytes) else path_or_data
-    try:
-        with zipfile.ZipFile(source) as zf:
-            info = zf.getinfo("manifest.json")
-            if info.file_size > (1 << 20):
-                return False
-            with zf.open(info) as f:
-                manifest = json.loads(f.read(1 << 20))
-    except Exception:  # any unreadable file is simply not an executable
-        return False
-    return isinstance(manifest, dict) and manifest.get("format") == "jaxpr-cc-executable"
 
 
 def load_program_arg(target: str, args_spec: str | None, args_from: str | None = None):

@@ -57,7 +57,8 @@ certificate measured a fast contraction, bicgstab otherwise: ``_Solver``);
 the iterative solvers (relative tolerance), ``restart`` is gmres's Krylov
 dimension.  ``loops=0,2`` or ``loops=name``
 selects loops by position (pre-order over the program, nested regions
-included) or by the name of the Python function the loop was traced in; a
+included) or by the name of the Python function the loop was traced in (a traced
+program's source locations: a loaded program has none, so by position only); a
 selected loop is rewritten even when its condition is not a convergence test
 (the user vouches that it converges).  ``depth`` is the number of derivative
 orders that are implicit (the levels of the rule).
@@ -182,6 +183,11 @@ class ImplicitDiff(Pass):
                 chosen.add(pos)
             else:
                 hits = {i for i, n in names.items() if n == item}
+                if not hits and found and not any(names.values()):
+                    raise PassOptionError(
+                        f"implicit-diff: loops={item}: this program has no source locations "
+                        f"(a loaded program keeps none), so its loops have no function names; "
+                        f"select them by position: loops=0..{len(found) - 1}")
                 if not hits:
                     known = ", ".join(sorted({n for n in names.values() if n})) or "none"
                     raise PassOptionError(f"implicit-diff: loops={item}: no while loop was traced in a "
