@@ -274,8 +274,8 @@ def test_structure_mismatch_names_the_place(args, kwargs, message):
 
 
 def test_non_array_leaf_is_refused(mean_program):
-    with pytest.raises(TypeError, match=r"args\[0\] is a str, not an array; the program was "
-                                        r"traced with float32\[3\] there"):
+    with pytest.raises(TypeError, match=r"args\[0\] is a value of type str, not an array; the "
+                                        r"program was traced with float32\[3\] there"):
         mean_program("abc")
 
 
@@ -399,3 +399,19 @@ def test_loaded_program_compares_namedtuples_by_name_even_when_the_class_is_live
     for target in (loaded, jaxpr_cc.compile(loaded)):
         np.testing.assert_array_equal(np.asarray(target(same_name(x, 2 * x))),
                                       np.asarray(jax.jit(fun)(same_name(x, 2 * x))))
+
+
+def test_a_python_int_out_of_range_is_named_so():
+    # It said the int was "a int, not an array", though a Python int is taken there
+    # (adversary, stop 38); jax.jit raises OverflowError.
+    def f(x, n):
+        return x * n
+
+    x = jnp.ones(3)
+    with pytest.raises(OverflowError):
+        jax.jit(f)(x, 2 ** 40)
+    p = jaxpr_cc.trace(f, x, 3)
+    np.testing.assert_allclose(p(x, 5), f(x, 5))
+    with pytest.raises(TypeError, match=r"args\[1\] is the Python int 1099511627776, which "
+                                        r"overflows the integer type JAX gives it"):
+        p(x, 2 ** 40)

@@ -183,9 +183,13 @@ def _mismatch_message(name, what, index, x, got, want, args_and_kwargs) -> str:
                     f"{what} was {made} {traced} there: pass x.astype({native.name!r})")
         return (f"{name}: {where} is a NumPy array of dtype {x.dtype}, which is not a JAX "
                 f"array type; the {what} was {made} {traced} there: pass a value of that type")
+    if type(x) is int and got is None:
+        return (f"{name}: {where} is the Python int {x}, which overflows the integer type JAX "
+                f"gives it (jax.jit raises OverflowError); the {what} was {made} {traced} "
+                f"there: pass a value in range")
     if got is None or not hasattr(got, "shape"):
-        return (f"{name}: {where} is a {type(x).__name__}, not an array; the {what} was {made} "
-                f"{traced} there: pass a value of that type")
+        return (f"{name}: {where} is a value of type {type(x).__name__}, not an array; the "
+                f"{what} was {made} {traced} there: pass a value of that type")
     from ..jax_adapter import is_batch_tracer
     inside = " per example (under jax.vmap the mapped axis is not counted)" \
         if is_batch_tracer(x) and got.shape != want.shape else ""
