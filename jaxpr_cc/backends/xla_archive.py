@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io.api import EXECUTABLE_FORMAT, is_executable
+from ..storage.executables import EXECUTABLE_FORMAT, is_executable
 from ..storage import dtypes as _dtypes
 from ..storage import pytrees as _pytrees
 from ..storage.errors import FormatError, LoadError, SaveError

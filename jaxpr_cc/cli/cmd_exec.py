@@ -40,7 +40,7 @@ def run(args) -> int:
     import numpy as np
     from jax import tree_util
 
-    from ..io.api import is_executable
+    from ..storage.executables import is_executable
     from .loading import load_saved, read_input_bytes, read_npz
     from .output import check_writable, write_output
 

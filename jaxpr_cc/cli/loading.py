@@ -241,7 +241,7 @@ def load_saved(target: str, data: bytes | None = None):
     already read from ``target``."""
     import jaxpr_cc
     from jaxpr_cc.io import LoadError, loads
-    from jaxpr_cc.io.api import is_executable
+    from jaxpr_cc.storage.executables import is_executable
     from .progress import progress
     try:
         with progress(f"loading {target}"):
