@@ -8,9 +8,11 @@ re-exports or tiny wrappers, each with the reason it is needed.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+import threading
 import types
 import weakref
 from typing import Any, Callable, Sequence
@@ -404,8 +406,10 @@ def call_fwd_jaxpr_thunk(thunk, nonzeros):
 
 
 def call_wrapped(fun, *args):
-    """Call a ``linear_util.WrappedFun`` (JAX's staged custom-rule callables)."""
-    return fun.call_wrapped(*args)
+    """Call a ``linear_util.WrappedFun`` (JAX's staged custom-rule callables), with
+    tangents known zero in forward mode left dense (``forward_zero`` below)."""
+    with _FORWARD_ZERO_DENSE(True):
+        return fun.call_wrapped(*args)
 
 
 def wrapped_fun_target(fun):
@@ -945,13 +949,120 @@ def _residual_vjp(callee, lead, lin, hot, cts):
     return _core.eval_jaxpr(transposed.jaxpr, (), *consts, *lead, *lin, *cts)
 
 
+# --- a custom_jvp call batched while it is staged ------------------------------
+# vmap of a custom_jvp call whose results are staged into a jaxpr (vmap under jit,
+# or jaxpr-cc batching a linear_call's callee) gives each result the batching of
+# the primal function; the jvp rule, run when the staged jaxpr is differentiated,
+# batches its results as its tangents are batched.  A rule whose tangent reads a
+# batched input the primal result does not (``t_y = 0 * t_x``; vjp-to-jvp's
+# transposed bwd of an ODE adjoint, which couples every output) then returns a
+# batched primal where the staged equation has an unbatched one, and the jaxpr
+# no longer type-checks (JAX 0.10.2: ``jax.jvp(jax.jit(jax.vmap(g)))`` fails so).
+# Here such a result of a jaxpr-cc rule is staged batched, as the rule's jvp
+# batches it, and the jvp's results are laid out as the staged ones (an abstract
+# trace of the jvp when the call is staged, only for a call with an unbatched
+# result and a batched input).  A user's rule is batched as JAX batches it: its
+# jvp is not run before JAX runs it, and ``vmap(..., out_axes=None)`` of it works.
+_STAGED_CUSTOM_JVP_BATCHING = _lc_batching.BatchTrace.process_custom_jvp_call
+
+
+_PROBING_JVP = threading.local()
+#: The attribute jaxpr-cc sets on the jvp function of every custom_jvp it builds
+#: (``closure.rules``): a staged rule holding one is jaxpr-cc's.
+OWNED_RULE = "_jaxpr_cc_owned"
+
+
+def _batched_custom_jvp_call(self, prim, fun, jvp, tracers, /, *, symbolic_zeros):
+    # (A jvp rule that calls its own function -- most do -- is probed as JAX
+    # batches it: the probe only asks how the rule batches its results.)
+    if not isinstance(self.parent_trace, _pe.DynamicJaxprTrace) or \
+            getattr(_PROBING_JVP, "active", False):
+        return _STAGED_CUSTOM_JVP_BATCHING(self, prim, fun, jvp, tracers,
+                                           symbolic_zeros=symbolic_zeros)
+    in_vals, in_dims = zip(*map(self.to_batch_info, tracers)) if tracers else ((), ())
+    axis_data, tag = self.axis_data, self.tag
+    staged = _StagedDims()  # the results' batch dims, set when fun is staged (in bind)
+    fun_b, fun_dims = _lc_batching.batch_subtrace(fun, tag, axis_data, in_dims)
+    fun_b = _lu.transformation2(_widened_results)(fun_b, fun_dims, jvp, tag, axis_data,
+                                tuple(in_dims), staged)
+    jvp_b, jvp_dims = _lc_batching.batch_custom_jvp_subtrace(jvp, tag, axis_data, in_dims)
+    jvp_b = _lu.transformation2(_staged_layout)(jvp_b, jvp_dims, axis_data, staged)
+    avals = tuple(_core.typeof(x) for x in in_vals)
+    out_vals = prim.bind_with_trace(self.parent_trace, tuple(in_vals), avals,
+                                    dict(subfuns=(fun_b, jvp_b), symbolic_zeros=symbolic_zeros))
+    src = _source_info_util.current()
+    return [_lc_batching.BatchTracer(self, v, d, src) for v, d in zip(out_vals, staged.dims)]
+
+
+class _StagedDims:
+    __slots__ = ("dims",)  # (hashed by identity: it is a WrappedFun's static argument)
+
+    def __init__(self):
+        self.dims: list = []
+
+
+def _widened_results(f, fun_dims, jvp, tag, axis_data, in_dims, staged, *args):
+    outs = f(*args)
+    dims = list(fun_dims())
+    if any(d is None for d in dims) and any(d is not None for d in in_dims) and \
+            find_tagged_function(jvp, OWNED_RULE) is not None:
+        # Which results the jvp batches, every tangent batched as its primal: traced
+        # abstractly, only when some result is unbatched.
+        probe, probe_dims = _lc_batching.batch_custom_jvp_subtrace(jvp, tag, axis_data,
+                                                                   in_dims)
+        probe = _lu.transformation2(_dense_results)(probe)
+        avals = [_core.typeof(a) for a in args]
+        _PROBING_JVP.active = True
+        try:
+            # (Staging: a tangent zero in forward mode only is batched as its value.)
+            with _staging():
+                _pe.trace_to_jaxpr_dynamic(probe, [*avals,
+                                                   *(a.to_tangent_aval() for a in avals)])
+            widened = [0 if d is None and j is not None else d
+                       for d, j in zip(dims, probe_dims())]
+        except Exception:  # noqa: BLE001 -- a rule that refuses a tangent (equinox's
+            # nondifferentiable) raises when JAX differentiates, not here
+            widened = dims
+        finally:
+            _PROBING_JVP.active = False
+            for store in jvp.stores:
+                if store:
+                    store.reset()
+        outs = [_lc_batching.matchaxis(axis_data, d, w, o)
+                for d, w, o in zip(dims, widened, outs)]
+        dims = widened
+    staged.dims = dims
+    return outs
+
+
+def _dense_results(f, *args):
+    """(A symbolic-zeros rule's SymbolicZero results, as zeros: the probe only
+    traces.)"""
+    from jax.custom_derivatives import SymbolicZero
+    return [_lc_ad.instantiate_zeros(_lc_ad.Zero(o.aval)) if type(o) is SymbolicZero else o
+            for o in f(*args)]
+
+
+def _staged_layout(f, jvp_dims, axis_data, staged, *args):
+    outs = f(*args)
+    n = len(outs) // 2
+    dims = jvp_dims()
+    primals = [_lc_batching.matchaxis(axis_data, d, s, o)
+               for d, s, o in zip(dims, staged.dims, outs[:n])]
+    tangents = [_lc_batching._matchaxis_symzeros(axis_data, d, s, o)
+                for d, s, o in zip(dims, staged.dims, outs[n:])]
+    return [*primals, *tangents]
+
+
 def register_linear_call_batching() -> None:
     """Register the ``linear_call`` rules above with JAX (idempotent): a batching
     rule, a jvp rule that accepts perturbed residuals, and a transpose rule that
-    accepts known linear operands."""
+    accepts known linear operands; and the batching of staged custom_jvp calls
+    (``_batched_custom_jvp_call``), which their jvp through a linear_call meets."""
     _lc_batching.fancy_primitive_batchers[linear_call_p] = _linear_call_batcher
     _lc_ad.primitive_jvps[linear_call_p] = _linear_call_jvp
     _lc_ad.primitive_transposes[linear_call_p] = _linear_call_transpose
+    _lc_batching.BatchTrace.process_custom_jvp_call = _batched_custom_jvp_call
 
 
 def has_transpose_rule(prim) -> bool:
@@ -1084,6 +1195,113 @@ def _reverse_only_transpose(cts, args, known, transpose_thunk, n_lead: int, num_
     out = _core.eval_jaxpr(transpose.jaxpr, transpose.consts, *t_consts, *res, *cts)
     out = _symbolic_where_marked(out, transpose_thunk)
     return [None] * n_lead + [None if k else c for c, k in zip(out, known)]
+
+
+# ------------------------------------------------- zero in forward mode only
+# A custom_vjp rewritten for forward mode (vjp-to-jvp) has tangent outputs that no
+# perturbed input reaches through its transposed bwd (diffrax's save times, whose
+# cotangent the bwd never reads): zeros.  In forward mode they should be symbolic
+# zeros, so that a rule downstream that refuses any tangent (equinox's
+# ``nondifferentiable``) is not given one.  In reverse mode they must stay as they
+# are: the rule's tangent is transposed by the user's bwd, which must get the
+# cotangents JAX gives it (a dense one for an output the program reads, also when
+# the bwd sends it nowhere).  One traced jvp rule serves both modes (JAX stages a
+# custom_jvp rule once per pattern of zero inputs, and linearizes it as it runs it
+# forward), so the mode cannot be decided when the rule is traced.
+# ``forward_zero_p`` defers it: an identity on the tangent, staged into the rule,
+# that decides where the staged rule is run (``lift_jvp``'s evaluation of it): as
+# a symbolic zero in forward mode, as the value itself when JAX is linearizing --
+# the rule run by ``linearize_from_jvp`` (the current trace is its partial-eval
+# trace), or any primitive linearized through its jvp (``fallback_linearize_rule``:
+# checkpoint, custom_linear_solve, shard_map...).  While a staged rule is being
+# traced (JAX's memoized thunk, or a batched copy of it) it stays an equation, so a
+# memoized trace never holds a decision.  Compiled or evaluated outside a rule, it
+# is the identity: the dense zero it was before.  jaxpr-cc's own reading of a
+# staged rule (``call_wrapped``) takes the value itself: what it converts is then
+# the rule as it was before, with no decision and no such equation in the IR.
+_FZ_STATE = threading.local()
+# Where the zeros stay dense: a JAX user context, so part of the key of JAX's
+# tracing caches.  Reverse mode through a primitive linearized by its jvp rule
+# (checkpoint) runs that rule, which traces its body's jvp with ``ad.jvp_jaxpr``,
+# a cache forward mode fills too: keyed on this, reverse mode never reuses a body
+# traced (and decided) for forward mode.
+_FORWARD_ZERO_DENSE = jax.make_user_context(default_value=False)
+
+
+@contextlib.contextmanager
+def _staging():
+    """A staged rule is being traced here: ``forward_zero`` stays an equation."""
+    _FZ_STATE.staging = getattr(_FZ_STATE, "staging", 0) + 1
+    try:
+        yield
+    finally:
+        _FZ_STATE.staging -= 1
+
+
+class _ForwardZeroPrimitive(Primitive):
+    def bind(self, *args, **params):
+        if getattr(_FZ_STATE, "staging", 0):
+            return super().bind(*args, **params)
+        (x,) = args
+        if _FORWARD_ZERO_DENSE.value or isinstance(_core.trace_ctx.trace, _pe.JaxprTrace):
+            return x
+        from jax.custom_derivatives import SymbolicZero
+        return SymbolicZero(_core.typeof(x).to_tangent_aval())
+
+
+forward_zero_p = _ForwardZeroPrimitive("jaxpr_cc_forward_zero")
+
+
+def _forward_zero_batcher(args, dims):
+    return forward_zero_p.bind(*args), dims[0]
+
+
+def _forward_zero_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    if type(t) is _lc_ad.Zero:
+        return forward_zero_p.bind(x), t
+    return forward_zero_p.bind(x), forward_zero_p.bind(t)
+
+
+def _staging_thunk(jvp_jaxpr_fun: WrappedFun) -> WrappedFun:
+    """``jvp_jaxpr_fun`` (a staged rule's memoized trace), called as staging (a
+    closure over it, so that ``find_tagged_function`` finds the rule inside)."""
+    def thunk(*in_zeros):
+        with _staging():
+            return jvp_jaxpr_fun.call_wrapped(*in_zeros)
+    return _lu.wrap_init(thunk, debug_info=jvp_jaxpr_fun.debug_info)
+
+
+def _register_forward_zero() -> None:
+    from jax._src import checkify as _checkify
+    from jax._src.interpreters import mlir as _mlir
+    forward_zero_p.def_impl(lambda x: x)
+    forward_zero_p.def_abstract_eval(lambda aval: aval)
+    _mlir.register_lowering(forward_zero_p, lambda ctx, x: [x])
+    _lc_batching.primitive_batchers[forward_zero_p] = _forward_zero_batcher
+    _lc_ad.primitive_jvps[forward_zero_p] = _forward_zero_jvp
+    _lc_ad.primitive_transposes[forward_zero_p] = lambda ct, x: [ct]
+    # The two ways JAX runs a staged custom_jvp rule (the plain one, and checkify's
+    # with its error values), and the one way it linearizes a primitive through its
+    # jvp rule: looked up as module globals where they are called.
+    jax_lift_jvp, jax_checkify_lift_jvp = _cd.lift_jvp, _checkify.lift_jvp
+    jax_fallback = _lc_ad.fallback_linearize_rule
+    _cd.lift_jvp = lambda n, fun: jax_lift_jvp(n, _staging_thunk(fun))
+    _checkify.lift_jvp = lambda e, n, fun: jax_checkify_lift_jvp(e, n, _staging_thunk(fun))
+
+    def fallback_linearize_rule(*args, **params):
+        with _FORWARD_ZERO_DENSE(True):
+            return jax_fallback(*args, **params)
+    _lc_ad.fallback_linearize_rule = fallback_linearize_rule
+
+
+_register_forward_zero()
+
+
+def forward_zero(tangent):
+    """``tangent``, known to be zero in forward mode: a symbolic zero where a
+    staged rule runs forward, the value itself where JAX linearizes (above)."""
+    return forward_zero_p.bind(tangent)
 
 
 # ---------------------------------------------------------------- perturbation

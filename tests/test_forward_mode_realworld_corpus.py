@@ -17,7 +17,9 @@ rules, which JAX already runs in forward mode):
   rules define is JAX's reverse over reverse with equinox's guards lifted (with
   them JAX refuses: a save-time tangent reaches ``nondifferentiable``), 14% from
   differences of the gradient at this program's 4 Euler steps, 0.4% at 128.
-  jaxpr-cc refuses it too (``HESSIAN_REFUSED``, a strict xfail: not done yet).
+  jaxpr-cc gives it with the guards in place: in forward mode the save times'
+  tangent, which no perturbed input reaches through the transposed bwd, is a
+  symbolic zero (``jax_adapter.forward_zero``).
 
 None of these rules has a bwd that is not linear in its cotangent, so none is
 refused.  BacksolveAdjoint's bwd writes the adjoint into diffrax's save buffer,
@@ -36,7 +38,6 @@ import numpy as np
 import pytest
 
 import jaxpr_cc
-from jaxpr_cc.jax_adapter import ForwardModeRefusedError
 
 from realworld_corpus import (JAX_GRADIENT_RAISES, PROGRAMS, finite_difference_gradient,
                               jax_gradient, loss)
@@ -52,25 +53,12 @@ WITH_CUSTOM_VJP = [
 ]
 # (BacksolveAdjoint's Jacobian: test_backsolve_adjoint_forward_mode_equals_the_reference.)
 JACOBIAN_SAMPLE = {"eqx_filter_custom_vjp_pytree", "eqx_filter_custom_vjp_closure"}
-HESSIAN_SAMPLE = {"eqx_filter_custom_vjp_pytree", "eqx_filter_custom_vjp_closure"}
+HESSIAN_SAMPLE = {"eqx_filter_custom_vjp_pytree", "eqx_filter_custom_vjp_closure",
+                  "dfx_euler_backsolve_args"}
 
 
 # Programs whose Hessian reference is the one their rules define (module docstring).
 RULES_HESSIAN = {"dfx_euler_backsolve_args"}
-# Forward-over-reverse Hessians not yet available, with the error they give (strict
-# xfails, so a change in either shows): BacksolveAdjoint's bwd calls diffeqsolve,
-# whose rewritten rule returns a dense zero tangent for diffrax's save times, which
-# reaches equinox's ``nondifferentiable``, which refuses any tangent.  Returning a
-# symbolic zero there in forward mode only is not possible with JAX 0.10.2: a
-# staged custom_jvp's rule is traced once per pattern of zero inputs and shared by
-# forward and reverse mode, and in reverse mode the marking changes the cotangents
-# the user's bwd sees (JAX's test_symbolic_zero_custom_vjp_basic).
-HESSIAN_REFUSED = {
-    "dfx_euler_backsolve_args": ("equinox's nondifferentiable gets the dense zero tangent "
-                                 "JAX gives it", ForwardModeRefusedError),
-}
-
-
 @contextlib.contextmanager
 def _equinox_guards_lifted():
     """JAX's own reverse over reverse through equinox rules, with the guards that
@@ -100,16 +88,9 @@ def _rules_hessian(fun, args, i):
         return np.asarray(jax.jacrev(jax.jacrev(flat_loss))(flat))
 
 
-def _params(sample, refused=None):
-    refused = refused or {}
-    params = []
-    for name in WITH_CUSTOM_VJP:
-        marks = [] if name in sample else [pytest.mark.heavy]
-        if name in refused:
-            reason, error = refused[name]
-            marks.append(pytest.mark.xfail(strict=True, reason=reason, raises=error))
-        params.append(pytest.param(name, id=name, marks=marks))
-    return params
+def _params(sample):
+    return [pytest.param(name, id=name, marks=[] if name in sample else [pytest.mark.heavy])
+            for name in WITH_CUSTOM_VJP]
 
 
 def _assert_trees_close(got, want, rtol, atol):
@@ -174,7 +155,7 @@ def _fd_of_gradient(jax_refuses, fun, args, i, eps=1e-4):
         return np.stack(cols, axis=1)
 
 
-@pytest.mark.parametrize("name", _params(HESSIAN_SAMPLE, HESSIAN_REFUSED))
+@pytest.mark.parametrize("name", _params(HESSIAN_SAMPLE))
 def test_hessian_of_jit_equals_float64_differences_of_the_gradient(name):
     fun, args = TABLE[name]
     jl = jaxpr_cc.jit(loss(fun))

@@ -328,6 +328,36 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
 '''
 
 HELPERS["_custom_jvp_with_consts"] = '''
+def _jacobian_tangents(f, values, tangents, outs):
+    """``jvp(f)`` at ``values`` along ``tangents``, as ``J @ t``: the Jacobian's
+    columns by forward mode (a vmapped jvp along every real direction of each value:
+    1, and 1j for a complex one), contracted with the tangents' real (and imaginary)
+    parts.  Linear in the tangents, so reverse mode transposes the contraction,
+    never the forward pass, which may run through a while_loop."""
+    inexact = [j for j, (_, dtype) in enumerate(outs) if jnp.issubdtype(dtype, jnp.inexact)]
+    extra = [jnp.zeros(shape, dtype) if j in inexact else None
+             for j, (shape, dtype) in enumerate(outs)]
+    for k, (value, tangent) in enumerate(zip(values, tangents)):
+        shape, dtype = jnp.shape(value), jnp.result_type(value)
+        n = int(np.prod(shape))
+        eye = jnp.eye(n, dtype=jnp.finfo(dtype).dtype).reshape((n, *shape))
+        t = jnp.ravel(jnp.asarray(tangent))
+        if jnp.issubdtype(dtype, jnp.complexfloating):
+            directions = jnp.concatenate([eye.astype(dtype), (1j * eye).astype(dtype)])
+            weights = jnp.concatenate([jnp.real(t), jnp.imag(t)])
+        else:
+            directions, weights = eye.astype(dtype), t
+
+        def along(direction, k=k):
+            probe = [jnp.zeros_like(v) for v in values]
+            probe[k] = direction
+            t_out = jax.jvp(f, tuple(values), tuple(probe))[1]
+            return [t_out[j] for j in inexact]
+        for j, col in zip(inexact, jax.vmap(along)(directions)):
+            extra[j] = extra[j] + jnp.tensordot(weights.astype(col.dtype), col, axes=1)
+    return extra
+
+
 def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule,
                             forward_primal=None, variants=None):
     """``jax.custom_jvp(primal)`` for a rule whose first ``num_consts`` arguments are
@@ -362,8 +392,15 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
                 for i, v in zip(hot, values):
                     full[i] = v
                 return forward_primal(*full, *args)
-            _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
-                               tuple(t_consts[i] for i in hot))
+            size = sum(int(np.prod(jnp.shape(consts[i]))) for i in hot)
+            if rule["reverse_ok"] or size > rule["max_forward_size"]:
+                _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
+                                   tuple(t_consts[i] for i in hot))
+            else:
+                # A jvp through the primal's while_loop cannot be transposed, so grad
+                # would fail: Jacobian columns by forward mode, then a contraction.
+                extra = _jacobian_tangents(f, [consts[i] for i in hot],
+                                           [t_consts[i] for i in hot], outs)
             t_outs = [(e if type(t) is jax.custom_derivatives.SymbolicZero else t + e)
                       if jnp.issubdtype(dtype, jnp.inexact) else t
                       for t, e, (_, dtype) in zip(t_outs, extra, outs)]

@@ -768,6 +768,7 @@ def build_forward_mode_on_demand(rule: VJPRule, make):
         return rewritten.jvp(tuple(primals), tuple(tangents))
 
     g.defjvp(jvp, symbolic_zeros=True)
+    setattr(jvp, jx.OWNED_RULE, True)
     g._jaxpr_cc_rebuilt = True
     return g
 
@@ -825,6 +826,9 @@ def build_custom_jvp(rule: JVPRule):
                                  if is_inexact(a)]))
             t_outs = [next(t_in) if is_inexact(a) else np.zeros(a.shape, jax.dtypes.float0)
                       for a in out_avals]
+            if info.written_as == "vjp" and mode == "none":
+                t_outs = _zero_forward_where_unreached(chosen, len(primals), pattern, t_outs,
+                                                      out_avals)
         if mode != "none":
             hot = [i for i, p in enumerate(perturbed) if p]
 
@@ -850,8 +854,27 @@ def build_custom_jvp(rule: JVPRule):
 
     g.defjvp(jvp, symbolic_zeros=True)
     jvp._jaxpr_cc_rule = rule
+    setattr(jvp, jx.OWNED_RULE, True)
     g._jaxpr_cc_rebuilt = True
     return g
+
+
+def _zero_forward_where_unreached(chosen, n_primals: int, pattern: tuple, t_outs: list,
+                                  out_avals) -> list:
+    """``t_outs`` with each tangent that no perturbed input reaches through the jvp
+    rule ``chosen`` (a custom_vjp's transposed bwd: an output whose cotangent its
+    bwd never reads) made a symbolic zero in forward mode only
+    (``jax_adapter.forward_zero``: reverse mode keeps the value, so the user's bwd
+    gets the cotangents JAX gives it)."""
+    from .transpose import reaches
+    reached = reaches(body(chosen).jaxpr, [False] * n_primals + list(pattern))
+    t_reached = iter(reached[len(out_avals):])
+    out = []
+    for t, a in zip(t_outs, out_avals):
+        if is_inexact(a) and not next(t_reached) and type(t) is not SymbolicZero:
+            t = jx.forward_zero(t)
+        out.append(t)
+    return out
 
 
 class _TransposeThunk:

@@ -68,6 +68,11 @@ class TraceSession:
         self.cache_token = next(_SESSION_TOKENS)
         self.cache: dict[Any, Any] = {}
         self.in_progress: dict[Any, _Pending] = {}  # rules being traced, by cache key
+        # Rules traced inside another rule's tracing that called that rule back (mutual
+        # recursion: A's jvp calls B, B's jvp calls A): they hold the outer rule as it
+        # was on that pass (its primal, on the first), so they are not cached; the
+        # outer rule's finished bodies hold them traced again against it.
+        self.provisional: set = set()
         self.linear_depth = 0  # linear_call transposes being traced
         self.keepalive: list[Any] = []
         self.rules_traced = 0
@@ -151,6 +156,7 @@ class TraceSession:
         if seen is not None:
             pending = self.in_progress.get(key)
             if pending is not None:  # called from inside its own rules: recursion
+                self._called_back(key)
                 return tree_util.tree_unflatten(pending.out_tree, pending.call(flat))
             hit = self.cache.get(key)
         else:
@@ -170,6 +176,8 @@ class TraceSession:
                 shape = _structure(p_jaxpr, static)
                 for relative in relatives:
                     if relative.structure == shape and relative.accepts_relatives:
+                        self._called_back(next(k for k, p in self.in_progress.items()
+                                               if p is relative))
                         return tree_util.tree_unflatten(
                             out_tree, relative.call_relative(p_jaxpr, p_consts, flat))
             if refuse is None and unfolded >= _MAX_UNFOLDING:
@@ -179,11 +187,18 @@ class TraceSession:
                           f"materialized to this order")
             hit = materialize(custom, static, nondiff, in_tree, avals, len(args), perturbed,
                               key if seen is not None else None, refuse)
-            if seen is not None and refuse is None:
+            if seen is not None and refuse is None and key not in self.provisional:
                 self.cache[key] = hit
+            self.provisional.discard(key)
         rule, consts, out_tree, g = hit
         outs = g(*consts, *flat)
         return tree_util.tree_unflatten(out_tree, outs)
+
+    def _called_back(self, key) -> None:
+        """The rule being traced under ``key`` was called from inside the rules of
+        those traced since (or from its own): they are provisional."""
+        keys = list(self.in_progress)
+        self.provisional.update(keys[keys.index(key) + 1:])
 
     def _traced_recursively(self, key, pending: "_Pending", trace_rules, finish):
         """Trace a rule's bodies with ``key`` marked in progress.  ``trace_rules()``

@@ -125,7 +125,7 @@ def transpose_linear(closed: ClosedJaxpr, linear: Sequence[bool], *,
             # says: it stays a plain zero, so that an analysis of this transpose sees
             # it as one (a custom_vjp's tangent for an output whose cotangent its bwd
             # never reads is then a symbolic zero; the other results carry the NaN).
-            unread = [not any(_reaches(closed.jaxpr, [j == i for j in range(len(in_avals))]))
+            unread = [not any(reaches(closed.jaxpr, [j == i for j in range(len(in_avals))]))
                       for i in lin_pos]
             result = [r if skip else jnp.where(linear_here, r, jnp.full_like(r, jnp.nan))
                       for r, skip in zip(result, unread)]
@@ -725,7 +725,7 @@ def _used_vars(jaxpr, live=None) -> set:
     return used
 
 
-def _reaches(jaxpr, flags) -> list[bool]:
+def reaches(jaxpr, flags) -> list[bool]:
     """Which outputs of ``jaxpr`` read the inputs marked: data dependence,
     followed through calls, branches and loop carries."""
     dep = {v for v, f in zip(jaxpr.invars, flags) if f}
@@ -745,11 +745,11 @@ def _while_reaches(eqn, flags) -> tuple[list[bool], bool]:
     carry = list(flags[cc + bc:])
     body = p["body_jaxpr"].jaxpr
     while True:
-        new = [a or b for a, b in zip(carry, _reaches(body, list(flags[cc:cc + bc]) + carry))]
+        new = [a or b for a, b in zip(carry, reaches(body, list(flags[cc:cc + bc]) + carry))]
         if new == carry:
             break
         carry = new
-    test_reads = any(flags[:cc]) or any(_reaches(p["cond_jaxpr"].jaxpr, list(flags[:cc]) + carry))
+    test_reads = any(flags[:cc]) or any(reaches(p["cond_jaxpr"].jaxpr, list(flags[:cc]) + carry))
     return carry, test_reads
 
 
@@ -768,7 +768,7 @@ def _eqn_reaches(eqn, flags) -> list[bool]:
         carry = list(flags[nc:nc + ncarry])
         body = p["jaxpr"].jaxpr
         while True:
-            outs = _reaches(body, list(flags[:nc]) + carry + list(flags[nc + ncarry:]))
+            outs = reaches(body, list(flags[:nc]) + carry + list(flags[nc + ncarry:]))
             new = [a or b for a, b in zip(carry, outs[:ncarry])]
             if new == carry:
                 return new + outs[ncarry:]
@@ -778,11 +778,18 @@ def _eqn_reaches(eqn, flags) -> list[bool]:
             return [True] * n_out
         outs = [False] * n_out
         for branch in _taken_branches(eqn):
-            outs = [a or b for a, b in zip(outs, _reaches(branch.jaxpr, list(flags[1:])))]
+            outs = [a or b for a, b in zip(outs, reaches(branch.jaxpr, list(flags[1:])))]
         return outs
+    if name == "linear_call":
+        # Its callee's dependence (callee constants, residuals, linear operands):
+        # vjp-to-jvp's tangent of an output whose cotangent the bwd never reads
+        # reads no tangent.
+        callee = p["callee"].jaxpr
+        if len(callee.invars) == len(flags):
+            return reaches(callee, list(flags))
     sub = _sub_jaxpr(eqn)
     if sub is not None and len(sub.invars) == len(flags):
-        return _reaches(sub, list(flags))
+        return reaches(sub, list(flags))
     return [True] * n_out
 
 
@@ -862,12 +869,12 @@ def _while_split(eqn, flags, zeros, used=frozenset(), *, check: bool = True):
               for k, flag in enumerate(lin)]
     if check and any(affine) and not _LENIENT[0]:
         _MERGED[0] += 1
-    reads_n = _reaches(body, [False] * bc + [not f for f in lin])
+    reads_n = reaches(body, [False] * bc + [not f for f in lin])
     varying = any(r and f for r, f in zip(reads_n, lin))
     # A test-only carry computed from the linear carries makes a test of them.
     tainted = [t and (f or r) for t, f, r in
-               zip(test_only, init_lin, _reaches(full_body, const_lin + lin))]
-    converges = any(_reaches(cond, [False] * cc + [f or t for f, t in zip(lin, tainted)]))
+               zip(test_only, init_lin, reaches(full_body, const_lin + lin))]
+    converges = any(reaches(cond, [False] * cc + [f or t for f, t in zip(lin, tainted)]))
     if check and converges:
         for k, flag in enumerate(lin):
             if not flag:
@@ -944,7 +951,7 @@ def _test_only_carries(body, bc: int, outvars, used) -> list[bool]:
         if outvars[i] in used:
             found.append(False)
             continue
-        reached = _reaches(body, [j == bc + i for j in range(len(body.invars))])
+        reached = reaches(body, [j == bc + i for j in range(len(body.invars))])
         found.append(not any(r for j, r in enumerate(reached) if j != i))
     return found
 
@@ -1000,7 +1007,7 @@ def _read_convergence_test(eqn, lin, tags: dict | None = None,
     # count and constants alone: a counter whose update reads the iterate
     # (counting small steps) or a tolerance that changes with the count (a cap
     # written through the tolerance) stops the loop where its limit does not.
-    step_lin = _reaches(body, [False] * bc + list(lin))
+    step_lin = reaches(body, [False] * bc + list(lin))
     for k, kind in enumerate(kinds):
         if kind == COUNTER and k not in gaps and step_lin[k]:
             return (f"carry {k} ({carries_in[k].aval.str_short()}), which the test reads as an "
@@ -1408,7 +1415,7 @@ def _run_scan(eqn, invals, flags):
     c_flags, x_flags = flags[:nc], flags[nc + ncarry:]
     carry_flags = list(flags[nc:nc + ncarry])
     while True:  # the carries the linear input reaches
-        outs = _reaches(body.jaxpr, c_flags + carry_flags + x_flags)[:ncarry]
+        outs = reaches(body.jaxpr, c_flags + carry_flags + x_flags)[:ncarry]
         new = [a or b for a, b in zip(carry_flags, outs)]
         if new == carry_flags:
             break
@@ -1557,7 +1564,7 @@ def _bind_linear_while(eqn, invals, flags, used):
 
     # Whether the loop ran at all, when its test at the start reads no linear
     # carry (a flag or gap that starts "converged" at run time): then it did not.
-    start_reads_lin = any(_reaches(cond.jaxpr, [False] * cc + list(carry_lin)))
+    start_reads_lin = any(reaches(cond.jaxpr, [False] * cc + list(carry_lin)))
 
     def stop_test(cv, n_vals, l_vals):
         carries = merge(carry_lin, l_vals, n_vals)
