@@ -215,39 +215,117 @@ def _layout_marker(index):
     return jax.lax.full((0, index), False)
 '''
 
+HELPERS["_forward_only"] = '''
+def _real_directions(value):
+    """Every real direction of ``value``: 1 per element, and 1j for a complex one."""
+    shape, dtype = jnp.shape(value), jnp.result_type(value)
+    n = int(np.prod(shape))
+    eye = jnp.eye(n, dtype=jnp.finfo(dtype).dtype).reshape((n, *shape))
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return jnp.concatenate([eye.astype(dtype), (1j * eye).astype(dtype)])
+    return eye.astype(dtype)
+
+
+def _jacobian_columns(f, hot):
+    """``(*xs) -> columns``: for each input index in ``hot`` and each output of
+    ``f``, the output's jvp along every real direction of that input, stacked on a
+    leading axis, by forward mode."""
+    def columns(*xs):
+        out = []
+        for k in hot:
+            def along(direction, k=k):
+                probe = [jnp.zeros_like(x) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+                         else np.zeros(jnp.shape(x), jax.dtypes.float0) for x in xs]
+                probe[k] = direction
+                return list(jax.jvp(f, tuple(xs), tuple(probe))[1])
+            out.extend(jax.vmap(along)(_real_directions(xs[k])))
+        return out
+    return columns
+
+
+def _forward_only(f):
+    """``f`` (arrays -> list of arrays) whose derivatives of every order are formed
+    by forward mode: its jvp is the Jacobian's columns (a vmapped jvp along every
+    real direction of each perturbed input) contracted with the tangents' real (and
+    imaginary) parts.  Linear in the tangents, so reverse mode transposes the
+    contraction, never the forward pass, which may run through a while_loop; the
+    columns are ``_forward_only`` again, so every further order works the same way."""
+    fun = jax.custom_jvp(f)
+
+    def jvp(primals, tangents):
+        outs = fun(*primals)
+        hot = [k for k, t in enumerate(tangents)
+               if type(t) is not jax.custom_derivatives.SymbolicZero]
+        t_outs = [jnp.zeros(jnp.shape(o), jnp.result_type(o)) for o in outs]
+        if hot:
+            cols = iter(_forward_only(_jacobian_columns(f, tuple(hot)))(*primals))
+            for k in hot:
+                t = jnp.ravel(jnp.asarray(tangents[k]))
+                if jnp.issubdtype(t.dtype, jnp.complexfloating):
+                    t = jnp.concatenate([jnp.real(t), jnp.imag(t)])
+                for j in range(len(outs)):
+                    col = next(cols)
+                    t_outs[j] = t_outs[j] + jnp.tensordot(t.astype(col.dtype), col, axes=1)
+        return outs, t_outs
+
+    fun.defjvp(jvp, symbolic_zeros=True)
+    return fun
+
+
+def _jacobian_tangents(f, operands, hot, tangents, outs):
+    """``jvp(f)`` at ``operands`` along ``tangents`` of the operands ``hot``, through
+    ``_forward_only``: every derivative of it, in either mode, is formed by forward
+    mode.  Every operand is passed explicitly (a custom_jvp must not close over
+    the tracers of the traces around it)."""
+    inexact = [j for j, (_, dtype) in enumerate(outs) if jnp.issubdtype(dtype, jnp.inexact)]
+
+    def inexact_outputs(*ops):
+        got = f(*ops)
+        return [got[j] for j in inexact]
+    forward_only = _forward_only(inexact_outputs)
+
+    def along_hot(*hot_values):
+        ops = list(operands)
+        for k, v in zip(hot, hot_values):
+            ops[k] = v
+        return forward_only(*ops)
+    _, t_out = jax.jvp(along_hot, tuple(operands[k] for k in hot), tuple(tangents))
+    extra = [None] * len(outs)
+    for j, t in zip(inexact, t_out):
+        extra[j] = t
+    return extra
+'''
+
 HELPERS["_custom_vjp_with_consts"] = '''
 def _forward_const_cotangents(primal, consts, args, hot, cts, outs):
     """Cotangents of the perturbed closed-over operands by forward mode (works
-    through while_loop, where reverse mode does not): one jvp per real direction of
-    each operand (vmapped), paired with the output cotangents as JAX pairs them,
-    Re(sum(ct * t)); a complex operand has directions 1 and 1j per element and gets
-    pair(1) - 1j * pair(1j).  Pairings accumulate in the operand's real dtype."""
+    through while_loop, where reverse mode does not): the Jacobian's columns along
+    every real direction of each operand (``_forward_only``, so every further
+    derivative is formed by forward mode too), paired with the output cotangents as
+    JAX pairs them, Re(sum(ct * t)); a complex operand has directions 1 and 1j per
+    element and gets pair(1) - 1j * pair(1j).  Pairings accumulate in the
+    operand's real dtype."""
+    inexact = [j for j, (_, dtype) in enumerate(outs)
+               if jnp.issubdtype(dtype, jnp.inexact) and cts[j] is not None]
+    operands = [*consts, *args]
+
+    def inexact_outputs(*ops):
+        got = primal(*ops)
+        return [got[j] for j in inexact]
     got = []
     for i in hot:
         value = consts[i]
         shape, dtype = jnp.shape(value), jnp.result_type(value)
         real_dtype = jnp.finfo(dtype).dtype
         n = int(np.prod(shape))
-
-        def f(v, i=i):
-            full = list(consts)
-            full[i] = v
-            return primal(*full, *args)
-
-        def pair(tangent, f=f, value=value, real_dtype=real_dtype):
-            _, t_out = jax.jvp(f, (value,), (tangent,))
-            total = jnp.zeros((), real_dtype)
-            for t, ct, (_, out_dtype) in zip(t_out, cts, outs):
-                if jnp.issubdtype(out_dtype, jnp.inexact) and ct is not None:
-                    total = total + jnp.real(jnp.sum(t * ct)).astype(real_dtype)
-            return total
-
-        eye = jnp.eye(n, dtype=real_dtype).reshape((n, *shape))
-        if jnp.issubdtype(dtype, jnp.complexfloating):
-            pairs = jax.vmap(pair)(jnp.concatenate([eye.astype(dtype), (1j * eye).astype(dtype)]))
-            ct_value = pairs[:n] - 1j * pairs[n:].astype(dtype)
-        else:
-            ct_value = jax.vmap(pair)(eye.astype(dtype))
+        cols = _forward_only(_jacobian_columns(inexact_outputs, (i,)))(*operands)
+        complex_value = jnp.issubdtype(dtype, jnp.complexfloating)
+        pairs = jnp.zeros((2 * n if complex_value else n,), real_dtype)
+        for col, j in zip(cols, inexact):
+            ct = cts[j]
+            pairs = pairs + jnp.real(jnp.sum(col * ct, axis=tuple(range(1, col.ndim)))
+                                     ).astype(real_dtype)
+        ct_value = pairs[:n] - 1j * pairs[n:].astype(dtype) if complex_value else pairs
         got.append(ct_value.reshape(shape).astype(dtype))
     return got
 
@@ -328,36 +406,6 @@ def _custom_vjp_with_consts(primal, fwd, bwd, *, num_consts, outs, args_inexact,
 '''
 
 HELPERS["_custom_jvp_with_consts"] = '''
-def _jacobian_tangents(f, values, tangents, outs):
-    """``jvp(f)`` at ``values`` along ``tangents``, as ``J @ t``: the Jacobian's
-    columns by forward mode (a vmapped jvp along every real direction of each value:
-    1, and 1j for a complex one), contracted with the tangents' real (and imaginary)
-    parts.  Linear in the tangents, so reverse mode transposes the contraction,
-    never the forward pass, which may run through a while_loop."""
-    inexact = [j for j, (_, dtype) in enumerate(outs) if jnp.issubdtype(dtype, jnp.inexact)]
-    extra = [jnp.zeros(shape, dtype) if j in inexact else None
-             for j, (shape, dtype) in enumerate(outs)]
-    for k, (value, tangent) in enumerate(zip(values, tangents)):
-        shape, dtype = jnp.shape(value), jnp.result_type(value)
-        n = int(np.prod(shape))
-        eye = jnp.eye(n, dtype=jnp.finfo(dtype).dtype).reshape((n, *shape))
-        t = jnp.ravel(jnp.asarray(tangent))
-        if jnp.issubdtype(dtype, jnp.complexfloating):
-            directions = jnp.concatenate([eye.astype(dtype), (1j * eye).astype(dtype)])
-            weights = jnp.concatenate([jnp.real(t), jnp.imag(t)])
-        else:
-            directions, weights = eye.astype(dtype), t
-
-        def along(direction, k=k):
-            probe = [jnp.zeros_like(v) for v in values]
-            probe[k] = direction
-            t_out = jax.jvp(f, tuple(values), tuple(probe))[1]
-            return [t_out[j] for j in inexact]
-        for j, col in zip(inexact, jax.vmap(along)(directions)):
-            extra[j] = extra[j] + jnp.tensordot(weights.astype(col.dtype), col, axes=1)
-    return extra
-
-
 def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule,
                             forward_primal=None, variants=None):
     """``jax.custom_jvp(primal)`` for a rule whose first ``num_consts`` arguments are
@@ -399,7 +447,7 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
             else:
                 # A jvp through the primal's while_loop cannot be transposed, so grad
                 # would fail: Jacobian columns by forward mode, then a contraction.
-                extra = _jacobian_tangents(f, [consts[i] for i in hot],
+                extra = _jacobian_tangents(forward_primal, [*consts, *args], hot,
                                            [t_consts[i] for i in hot], outs)
             t_outs = [(e if type(t) is jax.custom_derivatives.SymbolicZero else t + e)
                       if jnp.issubdtype(dtype, jnp.inexact) else t
@@ -578,7 +626,7 @@ def _transpose_picks_by_pattern(prim):
 
 HELPER_IMPORTS.update({"_jvp_by_pattern": (), "_vjp_by_pattern": (), "_linear_call_by_pattern": (),
                        "_prng_impl": (), "_copy_semantics": (), "_batched_while_loop": (), "_closed_over": (), "_custom_vjp_with_consts": (),
-                       "_custom_jvp_with_consts": (), "_layout_marker": ()})
+                       "_custom_jvp_with_consts": (), "_layout_marker": (), "_forward_only": ()})
 # A reverse-only custom_vjp rule (passes/vjp_to_jvp.py: its bwd is not linear in
 # its cotangent) has as tangent map a value that raises when evaluated or compiled:
 # staging it is fine (reverse mode transposes the linear_call around it and runs
@@ -712,9 +760,10 @@ def _held_jaxpr(fn, n_consts, avals, closed):
 HELPER_IMPORTS.update({"_held_jaxpr": (), "_treedef": (), "_library_instance": (), "_partial": ("functools",)})
 # Helpers that call other helpers.
 HELPER_DEPS = {"_linear_call_by_pattern": ("_bind",),
-               "_custom_vjp_with_consts": ("_closed_over", "_dense", "_layout_marker"),
+               "_custom_vjp_with_consts": ("_closed_over", "_dense", "_layout_marker",
+                                           "_forward_only"),
                "_vjp_by_pattern": ("_layout_marker",),
-               "_custom_jvp_with_consts": ("_closed_over", "_dense")}
+               "_custom_jvp_with_consts": ("_closed_over", "_dense", "_forward_only")}
 
 
 def _top_level_names(source: str) -> set[str]:
