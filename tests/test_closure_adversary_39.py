@@ -371,3 +371,63 @@ def test_rule_cycle_through_vmap_differentiates_and_refuses_to_save(tmp_path):
         np.testing.assert_allclose(third(fn), want, rtol=1e-5)
     with pytest.raises(jaxpr_cc.SaveError, match="Python callable"):
         jaxpr_cc.save(program, tmp_path / "p.jcc")
+
+
+def test_rule_closing_over_a_value_its_primal_does_not_read(tmp_path):
+    """Differentiated inside the traced function, a rule whose primal reads nothing
+    of that AD but whose jvp (or bwd) closes over a value it perturbs was left to
+    JAX, which gives zeros (Hessian) or raises (grad) there: it is converted now.
+    Fresh adversary of stop 39.  f = x, with the rule declaring df/dx = a^2."""
+    def f_jvp(x, a):
+        @jax.custom_jvp
+        def g(y):
+            return y * 1.0
+        g.defjvp(lambda p, t: (g(p[0]), t[0] * a * a))
+        return g(x)
+
+    def f_vjp(x, a):
+        @jax.custom_vjp
+        def g(y):
+            return y * 1.0
+        g.defvjp(lambda y: (g(y), None), lambda _, ct: (ct * a * a,))
+        return g(x)
+
+    x, a = jnp.float32(0.5), jnp.float32(1.5)
+    for f in (f_jvp, f_vjp):
+        grad = lambda x, a, f=f: jax.grad(f, argnums=(0, 1))(x, a)  # noqa: E731
+        for fn in (jaxpr_cc.jit(grad), jaxpr_cc.trace(grad, x, a)):
+            np.testing.assert_allclose([float(v) for v in fn(x, a)], [2.25, 0.0], rtol=1e-6)
+    hess = lambda x, a: jax.hessian(f_jvp, argnums=(0, 1))(x, a)  # noqa: E731
+    got = jaxpr_cc.jit(hess)(x, a)
+    np.testing.assert_allclose(np.array(got, dtype=np.float32).reshape(2, 2),
+                               [[0.0, 3.0], [0.0, 0.0]], rtol=1e-6)
+
+
+def test_emitted_vmap_of_jvp_with_an_integer_output(tmp_path):
+    """A float0 literal (the tangent of an integer output, staged by vmap of a
+    jvp) had no Python spelling, so emit_python refused the program."""
+    def f(x):
+        @jax.custom_jvp
+        def g(x):
+            return jnp.sin(x), (x * 3).astype(jnp.int32)
+        g.defjvp(lambda p, t: (g(p[0]), (2.0 * t[0], np.zeros((), jax.dtypes.float0))))
+        o, i = g(x)
+        return o * i
+
+    def fv(xs):
+        return jax.vmap(lambda x: jax.jvp(f, (x,), (1.0,))[1])(xs)
+
+    xs = jnp.array([0.7, 0.9], jnp.float32)
+    want = np.asarray(fv(xs))
+    path = tmp_path / "fv.py"
+    jaxpr_cc.write_python(jaxpr_cc.trace(fv, xs), path)
+    code = textwrap.dedent(f"""
+        import importlib.util, jax.numpy as jnp, numpy as np
+        spec = importlib.util.spec_from_file_location("m", {str(path)!r})
+        m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+        print(np.asarray(m.fv(jnp.array([0.7, 0.9], jnp.float32))).tolist())
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    np.testing.assert_allclose(eval(run.stdout.strip()), want, rtol=1e-6)

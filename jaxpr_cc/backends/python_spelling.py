@@ -102,6 +102,9 @@ def literal_source(val: Any, aval) -> str:
     scalars of their dtype.
     """
     dtype = np.dtype(aval.dtype)
+    if dtype == jax.dtypes.float0:
+        # The tangent of an integer value (a staged jvp's output): it holds no data.
+        return f"np.zeros({tuple(np.shape(val))!r}, jax.dtypes.float0)"
     if np.ndim(val):
         # An array a trace lifted to a constant and a pass wrote back in place.
         return array_literal_source(np.asarray(val, dtype))

@@ -133,7 +133,15 @@ class TraceSession:
             return False
         _, consts, _, _ = self._trace_primal(custom, static, nondiff, len(args), in_tree,
                                              tuple(jx.typeof(x) for x in flat), "custom primal")
-        return not any(jx.is_autodiff_tracer(c) for c in consts)
+        if any(jx.is_autodiff_tracer(c) for c in consts):
+            return False
+        # Its rules may close over such a value that its primal does not read (a jvp
+        # scaling by a parameter): JAX would give zeros or raise there too.
+        kind = "vjp" if isinstance(custom, jax.custom_vjp) else "jvp"
+        readable: list = []
+        if fingerprint((_rule_functions(kind, custom), static), readable) is None:
+            return True
+        return not any(jx.is_autodiff_tracer(x) for x in readable)
 
     def _call_custom(self, kind, custom, args, materialize):
         """Bind a call of a custom function through its (cached) first-order rule."""
