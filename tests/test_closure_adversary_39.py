@@ -62,6 +62,12 @@ def _a_and_b(v):
     return _a(v[0] * v[1]) + _b(v[2])
 
 
+def _third_order(fn, x):
+    g1 = jax.grad(fn)
+    g2 = jax.grad(lambda u: jnp.sum(g1(u)))
+    return np.asarray(jax.grad(lambda u: jnp.sum(g2(u)))(x))
+
+
 def _second_order(fn, v):
     return np.asarray(jax.grad(lambda u: jnp.sum(jax.grad(fn)(u)))(v))
 
@@ -102,15 +108,11 @@ def test_custom_vjp_whose_bwd_calls_a_rule_that_calls_it_back():
 
     x = jnp.array([0.5, 1.5], jnp.float32)
 
-    def third(fn):
-        g1 = jax.grad(fn)
-        g2 = jax.grad(lambda b: jnp.sum(g1(b)))
-        return np.asarray(jax.grad(lambda a: jnp.sum(g2(a)))(x))
     a, b = 0.5, 1.5
     # V' = 2W, W' = -3V: d/da of (d/da + d/db)^2 of V(a) V(b), by hand.
     analytic = [-24 * np.cos(a) * np.sin(b) - 24 * np.sin(a) * np.cos(b)] * 2
-    np.testing.assert_allclose(third(jax.jit(h)), analytic, rtol=1e-4)
-    np.testing.assert_allclose(third(jaxpr_cc.jit(h)), analytic, rtol=1e-4)
+    np.testing.assert_allclose(_third_order(jax.jit(h), x), analytic, rtol=1e-4)
+    np.testing.assert_allclose(_third_order(jaxpr_cc.jit(h), x), analytic, rtol=1e-4)
 
 
 # ------------------------------------- emitted custom_jvp solver closing over a
@@ -361,14 +363,10 @@ def test_rule_cycle_through_vmap_differentiates_and_refuses_to_save(tmp_path):
 
     x = jnp.array([0.4, 0.7], jnp.float32)
 
-    def third(fn):
-        g1 = jax.grad(fn)
-        g2 = jax.grad(lambda u: jnp.sum(g1(u)))
-        return np.asarray(jax.grad(lambda u: jnp.sum(g2(u)))(x))
-    want = third(jax.jit(g))
+    want = _third_order(jax.jit(g), x)
     program = jaxpr_cc.run_passes(jaxpr_cc.trace(g, x), jaxpr_cc.DEFAULT_PIPELINE)
     for fn in (program, jaxpr_cc.jit(g)):
-        np.testing.assert_allclose(third(fn), want, rtol=1e-5)
+        np.testing.assert_allclose(_third_order(fn, x), want, rtol=1e-5)
     with pytest.raises(jaxpr_cc.SaveError, match="Python callable"):
         jaxpr_cc.save(program, tmp_path / "p.jcc")
 
