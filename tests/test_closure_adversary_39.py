@@ -429,3 +429,29 @@ def test_emitted_vmap_of_jvp_with_an_integer_output(tmp_path):
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     np.testing.assert_allclose(eval(run.stdout.strip()), want, rtol=1e-6)
+
+
+@pytest.mark.heavy  # about 30 s: diffrax traced three times
+def test_grad_of_a_backsolve_solve_inside_the_traced_function():
+    """jax.grad of a diffrax BacksolveAdjoint solve with a multi-stage solver, taken
+    inside the traced function: a closed-over value's cotangent formed by forward
+    mode through the primal met the inner custom_vjp and raised "can't apply
+    forward-mode autodiff" (JAX's jit works).  The primal now runs with forward
+    mode through the custom_vjp rules it calls (fresh adversary, stop 39)."""
+    import diffrax
+
+    def solve(y0, a):
+        term = diffrax.ODETerm(lambda t, y, args: -args * y + jnp.sin(t))
+        sol = diffrax.diffeqsolve(term, diffrax.Heun(), 0.0, 1.0, 0.25, y0, args=a,
+                                  saveat=diffrax.SaveAt(t1=True),
+                                  adjoint=diffrax.BacksolveAdjoint(),
+                                  stepsize_controller=diffrax.ConstantStepSize())
+        return sol.ys[-1] ** 2
+
+    def g(y0, a):
+        return jax.grad(solve, argnums=(0, 1))(y0, a)
+
+    y0, a = jnp.float32(1.0), jnp.float32(0.7)
+    want = [float(v) for v in jax.jit(g)(y0, a)]
+    for fn in (jaxpr_cc.jit(g), jaxpr_cc.trace(g, y0, a)):
+        np.testing.assert_allclose([float(v) for v in fn(y0, a)], want, rtol=1e-5)

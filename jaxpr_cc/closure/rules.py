@@ -468,6 +468,25 @@ def register_forward_mode_body(rewrite) -> None:
     _FORWARD_MODE_BODY[0] = rewrite
 
 
+# body -> its rewrite (a body holding no custom_vjp is its own: not stored, so the
+# entry does not keep its key alive).
+_FORWARD_MODE_BODIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def with_forward_mode(call):
+    """``call`` (a rule body) with forward mode through the custom_vjp rules it calls,
+    made once per body: what forward mode through a rule's primal runs (the
+    Jacobian columns of a closed-over value), so that a primal calling a custom_vjp
+    (a diffrax adjoint inside a solver) can be differentiated that way."""
+    closed = body(call)
+    got = _FORWARD_MODE_BODIES.get(closed)
+    if got is None:
+        got = _FORWARD_MODE_BODY[0](closed)
+        if got is not closed:
+            _FORWARD_MODE_BODIES[closed] = got
+    return got
+
+
 def forward_only_rule(call, num_consts: int, levels: int, info: "RuleInfo | None" = None):
     """The first-order rule of ``forward_only(f, levels)`` for ``f`` traced as ``call``
     ((c, x) -> y, its own constants ``c`` the ``num_consts`` leading operands).
@@ -548,7 +567,7 @@ def _forward_const_cotangents(call, consts, args, hot, cts, out_avals, levels=No
     inexact_outs = [j for j, a in enumerate(out_avals) if is_inexact(a)]
 
     def outputs(*ops):
-        got = run(call, *ops)
+        got = run(with_forward_mode(call), *ops)
         return [got[j] for j in inexact_outs]
 
     cols = iter(forward_only(_jacobian_columns(outputs, list(hot)), levels,
@@ -836,7 +855,7 @@ def build_custom_jvp(rule: JVPRule):
                 full = list(consts)
                 for i, v in zip(hot, hv):
                     full[i] = v
-                return run(rule.call, *full, *args)
+                return run(with_forward_mode(rule.call), *full, *args)
             hot_size = sum(int(np.prod(const_avals[i].shape)) for i in hot)
             if info.reverse_ok or hot_size > info.max_forward_size:
                 _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
@@ -846,8 +865,8 @@ def build_custom_jvp(rule: JVPRule):
                 # grad would fail: form the Jacobian columns by forward mode from the
                 # primals alone, and apply them to the tangents with a contraction,
                 # which is linear and transposable.
-                extra = _jacobian_tangents(rule.call, [*consts, *args], hot,
-                                           [t_consts[i] for i in hot], out_avals)
+                extra = _jacobian_tangents(with_forward_mode(rule.call), [*consts, *args],
+                                           hot, [t_consts[i] for i in hot], out_avals)
             t_outs = [(e if type(t) is SymbolicZero else t + e) if is_inexact(a) else t
                       for t, e, a in zip(t_outs, extra, out_avals)]
         return list(outs), t_outs
