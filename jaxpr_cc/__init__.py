@@ -75,6 +75,11 @@ def _forward_mode_region(region):
     return forward_mode_region(region)
 
 
+def _forward_mode_body(closed):
+    from .passes.vjp_to_jvp import body_with_forward_mode
+    return body_with_forward_mode(closed)
+
+
 def _with_forward_mode(program):
     from .passes.vjp_to_jvp import with_forward_mode
     return with_forward_mode(program)
@@ -88,6 +93,10 @@ def _provide_program_services() -> None:
                              forward_mode_region=_forward_mode_region,
                              with_forward_mode=_with_forward_mode,
                              save_program=_save_program)
+    # The closure layer's forward-mode columns run a rule's primal with forward mode
+    # through the custom_vjp rules it calls: vjp-to-jvp's rewrite, a layer above.
+    from .closure.rules import register_forward_mode_body
+    register_forward_mode_body(_forward_mode_body)
 
 
 _provide_program_services()

@@ -1523,6 +1523,17 @@ def eval_equation_per_operand(eqn, invals) -> list:
 # name, device_put copy semantics, custom_linear_solve's named tuples, and the
 # registry of primitives JAX defines.
 # ---------------------------------------------------------------------------
+# JAX's own marker objects (bare ``object()`` instances) that reach equation
+# parameters, by name, with where they live (for emitted modules): equinox's
+# ``vprim`` carries ``core.no_axis_name`` as the axis name of a vmap that named none.
+JAX_SENTINELS = {"no_axis_name": ("jax._src.core", "no_axis_name", _core.no_axis_name)}
+
+
+def jax_sentinel_name(value) -> str | None:
+    """The name of ``value`` among :data:`JAX_SENTINELS`, or None."""
+    return next((name for name, (_, _, obj) in JAX_SENTINELS.items() if obj is value), None)
+
+
 def prng_impl_type() -> type:
     """The class of ``random_seed`` / ``random_wrap``'s ``impl`` parameter."""
     from jax._src.random import prng

@@ -11,15 +11,18 @@ from __future__ import annotations
 from typing import Sequence
 
 import libcst as cst
+from jax import tree_util
 
 from ..ir.equation import Equation
 from ..ir.layouts import closed_over_count
 from ..ir.printer import _is_function
+from ..ir.program import Program
 from ..ir.region import Region
 from ..ir.value import is_literal
 from ..closure.ir_rules import FORWARD_ONLY_PARAM, SYMBOLIC_ZERO_OUTPUTS
 from ..closure.rules import body, forward_only_rule
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
+from ..frontend.staged_rules import convert_program
 from .jaxpr import region_to_closed_jaxpr
 from .python_rules import Call
 from .python_text import (PythonEmitError, flat_return, inexact, render_call, stmt,
@@ -450,7 +453,6 @@ class CustomRulesMixin:
         stored jaxpr becomes a local function closing over its leading operands
         (custom_linear_solve closure-converts them again, as the original did); ``b``
         is passed as a tuple of its leaves, so every function takes and returns one."""
-        from ..frontend.from_jaxpr import region_from_closed_jaxpr
         p = eqn.params
         lengths, jaxprs = p.get("const_lengths"), p.get("jaxprs")
         if set(p) != {"const_lengths", "jaxprs"} or jaxprs.matvec is None or jaxprs.solve is None:
@@ -606,7 +608,13 @@ def _forward_only_jvp(params: dict) -> Region:
     (it is made from the primal): made now, since emitted code holds every rule."""
     rule = forward_only_rule(region_to_closed_jaxpr(params["call_jaxpr"]),
                              params["num_consts"], params[FORWARD_ONLY_PARAM])
-    return region_from_closed_jaxpr(body(rule.jvp))
+    region = region_from_closed_jaxpr(body(rule.jvp))
+    # Its columns are a vmapped jvp: rules the call holds are batched there by JAX
+    # (a linear_call's transpose is then a JAX thunk), and are made first-order now.
+    program = Program(region, tree_util.tree_structure((tuple(range(len(region.invars))), {})),
+                      tree_util.tree_structure(list(range(len(region.outvars)))), name="jvp")
+    convert_program(program)
+    return program.body
 
 
 def _masked(outs: list[str], zeros: tuple, spell) -> list[str]:

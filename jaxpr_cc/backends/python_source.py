@@ -55,8 +55,8 @@ from .python_names import ModuleNamer, to_identifier
 from .python_rules import FOLDS, NO_SPELLING, RULES, Call
 from .python_custom import CustomRulesMixin
 from .python_spelling import (SpellingError, array_literal_source, dtype_object_source,
-                              dtype_source, literal_source, param_source, restore_expression,
-                              sidecar_array)
+                              dtype_source, library_primitive_source, literal_source,
+                              param_source, restore_expression, sidecar_array)
 from .python_text import (HELPER_DEPS, HELPER_IMPORTS, HELPER_NAMES, HELPERS, Function,
                           PythonEmitError, flat_return, layout, render_call, stmt, tuple_src)
 
@@ -558,7 +558,7 @@ class _ModuleEmitter:
                 raise PythonEmitError(
                     f"{self.program.name}: primitive {eqn.prim.name!r}: parameter {key!r} has no "
                     f"Python spelling ({e})") from None
-        library = _library_primitive_source(eqn.prim)
+        library = library_primitive_source(eqn.prim)
         if library is not None:  # a numerical library's primitive, imported by name
             self.use_helper("_import_callable")
             return Call(f"{library}.bind", list(ctx.ins), kwargs,
@@ -849,29 +849,3 @@ class _EqnContext(CustomRulesMixin):
                            returns=returns)
         self.fn.body.append(fdef)
         return name
-
-
-def _library_primitive_source(prim) -> str | None:
-    """``_import_callable(module, name, None)`` for a primitive a numerical library
-    (``ir.library_refs``) defines, found by identity among the libraries' module
-    attributes (an index kept by ``library_refs``); None for JAX's own primitives."""
-    from ..ir import library_refs
-    if not any(library_refs.in_library(name) for name in sys.modules):
-        return None
-    if id(prim) in _jax_primitive_ids():  # JAX's own, even if a library re-exports it
-        return None
-    try:
-        module, name = library_refs.reference(prim)[:2]
-    except library_refs.NotReachable:
-        return None
-    return f"_import_callable({module!r}, {name!r}, None)"
-
-
-_JAX_PRIMITIVE_IDS: set[int] = set()
-
-
-def _jax_primitive_ids() -> set[int]:
-    if not _JAX_PRIMITIVE_IDS:
-        from ..jax_adapter import primitives_registry
-        _JAX_PRIMITIVE_IDS.update(id(p) for found in primitives_registry().values() for p in found)
-    return _JAX_PRIMITIVE_IDS

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import sys
 import types
 from typing import Any
 
@@ -355,6 +356,46 @@ def _spell_library_class(value, sp) -> str:
                             f"spelling") from None
 
 
+def library_primitive_source(prim) -> str | None:
+    """``_import_callable(module, name, None)`` for a primitive a numerical library
+    (``ir.library_refs``) defines, found by identity among the libraries' module
+    attributes (an index kept by ``library_refs``); None for JAX's own primitives."""
+    if not any(library_refs.in_library(name) for name in sys.modules):
+        return None
+    if id(prim) in _jax_primitive_ids():  # JAX's own, even if a library re-exports it
+        return None
+    try:
+        module, name = library_refs.reference(prim)[:2]
+    except library_refs.NotReachable:
+        return None
+    return f"_import_callable({module!r}, {name!r}, None)"
+
+
+_JAX_PRIMITIVE_IDS: set[int] = set()
+
+
+def _jax_primitive_ids() -> set[int]:
+    if not _JAX_PRIMITIVE_IDS:
+        from ..jax_adapter import primitives_registry
+        _JAX_PRIMITIVE_IDS.update(id(p) for found in primitives_registry().values() for p in found)
+    return _JAX_PRIMITIVE_IDS
+
+
+def _spell_primitive(value, sp) -> str:
+    """A primitive parameter (equinox's vprim holds the primitive it batches): a
+    library's by name, JAX's from its registry."""
+    return library_primitive_source(value) or f"_primitive({value.name!r})"
+
+
+def _spell_sentinel(value, sp) -> str:
+    from ..jax_adapter import JAX_SENTINELS, jax_sentinel_name
+    name = jax_sentinel_name(value)
+    if name is None:  # a library's marker (equinox's), as any library object
+        return _spell_library_object(value, sp)
+    module, attribute, _ = JAX_SENTINELS[name]
+    return f"_import_callable({module!r}, {attribute!r}, None)"
+
+
 def _spell_function(value, sp) -> str:
     try:
         return _library_reference_source(value)
@@ -410,6 +451,7 @@ def _register_spellings() -> None:
     spell(param_types.DTYPE_LIKE, spell=_spell_dtype_like)
     spell(type, spell=_spell_library_class)
     spell(param_types.DEFAULT, spell=_spell_library_object)
+    spell(param_types.SENTINEL, spell=_spell_sentinel)
     spell(types.FunctionType, spell=_spell_function)
     spell(functools.partial, spell=_spell_partial)
     spell(type(jax.tree_util.tree_structure(0)), spell=_spell_treedef)
@@ -429,7 +471,7 @@ def _register_spellings() -> None:
     spell((np.ndarray, jax.Array), spell=lambda v, sp: array_literal_source(v))
     spell(lax.RaggedDotDimensionNumbers, spell=_spell_ragged)
     spell(lax.Tolerance, spell=_spell_tolerance)
-    spell(jax.extend.core.Primitive, spell=lambda v, sp: f"_primitive({v.name!r})")
+    spell(jax.extend.core.Primitive, spell=_spell_primitive)
 
     # Values an equation's emission rule writes as the public call that stages them
     # (a region as a nested def, a debug callback's effect as jax.debug.callback...).

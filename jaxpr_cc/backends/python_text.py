@@ -28,13 +28,14 @@ _PRIMITIVES = {}
 
 def _primitive(name):
     if not _PRIMITIVES:
-        import jax.extend.core
-        import jax.numpy  # noqa: F401  (modules that define primitives)
-        import jax.random  # noqa: F401
+        # (jax.numpy and jax.random define primitives; jax is the module's import.)
+        primitive_type = importlib.import_module("jax.extend.core").Primitive
+        importlib.import_module("jax.numpy")
+        importlib.import_module("jax.random")
         for module in list(sys.modules.values()):
             if getattr(module, "__name__", "").startswith("jax"):
                 for value in list(vars(module).values()):
-                    if isinstance(value, jax.extend.core.Primitive):
+                    if isinstance(value, primitive_type):
                         _PRIMITIVES.setdefault(value.name, value)
     if name not in _PRIMITIVES:
         raise LookupError(f"this JAX ({jax.__version__}) has no primitive named {name!r}")
@@ -94,7 +95,7 @@ def _import_callable(module_name, qualname, path):
     return target
 ''',
 }
-HELPER_IMPORTS = {"_bind": ("sys",), "_mesh": (), "_device": (), "_dense": (), "_import_callable": ("importlib", "os", "sys")}
+HELPER_IMPORTS = {"_bind": ("importlib", "sys"), "_mesh": (), "_device": (), "_dense": (), "_import_callable": ("importlib", "os", "sys")}
 
 
 def stmt(code: str) -> cst.BaseStatement:
@@ -424,10 +425,21 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
         hot = tuple(i for i, t in enumerate(t_consts)
                     if type(t) is not jax.custom_derivatives.SymbolicZero)
         mode = _closed_over_mode(rule, "jvp", hot, consts)
+        size = sum(int(np.prod(jnp.shape(consts[i]))) for i in hot)
+        # A jvp through the primal's while_loop cannot be transposed, so grad would
+        # fail: the closed-over tangent is then formed from Jacobian columns.
+        by_columns = mode != "none" and not rule["reverse_ok"] and size <= rule["max_forward_size"]
         dense = [_dense(t) for t, inexact in zip(t_args, args_inexact) if inexact]
         pattern = tuple(type(t) is not jax.custom_derivatives.SymbolicZero
                         for t, inexact in zip(t_args, args_inexact) if inexact)
-        res = (variants or {}).get(pattern, jvp)(*consts, *args, *dense)
+        if by_columns and not any(pattern) and all(
+                jnp.issubdtype(dtype, jnp.inexact) for _, dtype in outs):
+            # No argument is perturbed: the outputs' own derivatives at the next
+            # order are formed by forward mode too, not by reverse through the loop.
+            res = [*_forward_only(forward_primal)(*consts, *args),
+                   *(jnp.zeros(shape, dtype) for shape, dtype in outs)]
+        else:
+            res = (variants or {}).get(pattern, jvp)(*consts, *args, *dense)
         it = iter(res[len(outs):])
         t_outs = [next(it) if jnp.issubdtype(dtype, jnp.inexact) else _zeros(shape, dtype)
                   for shape, dtype in outs]
@@ -440,15 +452,12 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
                 for i, v in zip(hot, values):
                     full[i] = v
                 return forward_primal(*full, *args)
-            size = sum(int(np.prod(jnp.shape(consts[i]))) for i in hot)
-            if rule["reverse_ok"] or size > rule["max_forward_size"]:
-                _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
-                                   tuple(t_consts[i] for i in hot))
-            else:
-                # A jvp through the primal's while_loop cannot be transposed, so grad
-                # would fail: Jacobian columns by forward mode, then a contraction.
+            if by_columns:  # Jacobian columns by forward mode, then a contraction
                 extra = _jacobian_tangents(forward_primal, [*consts, *args], hot,
                                            [t_consts[i] for i in hot], outs)
+            else:
+                _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
+                                   tuple(t_consts[i] for i in hot))
             t_outs = [(e if type(t) is jax.custom_derivatives.SymbolicZero else t + e)
                       if jnp.issubdtype(dtype, jnp.inexact) else t
                       for t, e, (_, dtype) in zip(t_outs, extra, outs)]

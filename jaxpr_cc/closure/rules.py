@@ -460,12 +460,17 @@ def _forward_only_first_order(f, levels: int, first: bool = True, traced: dict |
 
 
 # ``closed`` -> the same body with forward mode through the custom_vjp rules it
-# calls; vjp-to-jvp registers its rewrite (``register_forward_mode_body``).
-_FORWARD_MODE_BODY: list = [lambda closed: closed]
+# calls: vjp-to-jvp's rewrite, a layer above, which the package root registers
+# (``register_forward_mode_body``) before any rule can be traced.
+_FORWARD_MODE_BODY: list = []
 
 
 def register_forward_mode_body(rewrite) -> None:
-    _FORWARD_MODE_BODY[0] = rewrite
+    _FORWARD_MODE_BODY[:] = [rewrite]
+
+
+def _forward_mode_body(closed):
+    return _FORWARD_MODE_BODY[0](closed)
 
 
 # body -> its rewrite (a body holding no custom_vjp is its own: not stored, so the
@@ -481,7 +486,7 @@ def with_forward_mode(call):
     closed = body(call)
     got = _FORWARD_MODE_BODIES.get(closed)
     if got is None:
-        got = _FORWARD_MODE_BODY[0](closed)
+        got = _forward_mode_body(closed)
         if got is not closed:
             _FORWARD_MODE_BODIES[closed] = got
     return got
@@ -507,7 +512,7 @@ def forward_only_rule(call, num_consts: int, levels: int, info: "RuleInfo | None
         # Differentiated in forward mode by the jvp below: through the custom_vjp
         # rules ``call`` holds too (a solver whose update calls another solver).
         if not with_forward_mode:
-            with_forward_mode.append(_FORWARD_MODE_BODY[0](call))
+            with_forward_mode.append(_forward_mode_body(call))
         return run(with_forward_mode[0], *vs)
 
     def jvp_body(*ops):
@@ -812,9 +817,19 @@ def build_custom_jvp(rule: JVPRule):
         t_consts, t_args = tangents[:nc], tangents[nc:]
         perturbed = [type(t) is not SymbolicZero for t in t_consts]
         mode = info.const_mode("jvp", perturbed, const_avals)
+        hot = [i for i, p in enumerate(perturbed) if p]
+        # A jvp through the primal's while_loop cannot be transposed, so grad would
+        # fail: the closed-over tangent is then formed from Jacobian columns.
+        by_columns = mode != "none" and not info.reverse_ok and sum(
+            int(np.prod(const_avals[i].shape)) for i in hot) <= info.max_forward_size
         if all(type(t) is SymbolicZero for t in t_args):
             # As in JAX, the user's rule runs only when an argument is perturbed.
-            outs = run(rule.call, *consts, *args)
+            if by_columns and all(map(is_inexact, out_avals)):
+                # So must the outputs' own derivatives at the next order be: not a
+                # reverse pass through the primal's while_loop.
+                outs = forward_only(partial(run, with_forward_mode(rule.call)))(*consts, *args)
+            else:
+                outs = run(rule.call, *consts, *args)
             t_outs = [SymbolicZero(a.to_tangent_aval()) if is_inexact(a)
                       else _zeros(a.to_tangent_aval()) for a in out_avals]
         else:
@@ -849,24 +864,18 @@ def build_custom_jvp(rule: JVPRule):
                 t_outs = _zero_forward_where_unreached(chosen, len(primals), pattern, t_outs,
                                                       out_avals)
         if mode != "none":
-            hot = [i for i, p in enumerate(perturbed) if p]
-
             def f(*hv):
                 full = list(consts)
                 for i, v in zip(hot, hv):
                     full[i] = v
                 return run(with_forward_mode(rule.call), *full, *args)
-            hot_size = sum(int(np.prod(const_avals[i].shape)) for i in hot)
-            if info.reverse_ok or hot_size > info.max_forward_size:
-                _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
-                                   tuple(t_consts[i] for i in hot))
-            else:
-                # A jvp through the primal's while_loop cannot be transposed, so
-                # grad would fail: form the Jacobian columns by forward mode from the
-                # primals alone, and apply them to the tangents with a contraction,
-                # which is linear and transposable.
+            if by_columns:
+                # Applied to the tangents by a contraction: linear and transposable.
                 extra = _jacobian_tangents(with_forward_mode(rule.call), [*consts, *args],
                                            hot, [t_consts[i] for i in hot], out_avals)
+            else:
+                _, extra = jax.jvp(f, tuple(consts[i] for i in hot),
+                                   tuple(t_consts[i] for i in hot))
             t_outs = [(e if type(t) is SymbolicZero else t + e) if is_inexact(a) else t
                       for t, e, a in zip(t_outs, extra, out_avals)]
         return list(outs), t_outs
@@ -1025,8 +1034,6 @@ def rule_of(eqn_params: dict, prim_name: str):
         return getattr(eqn_params.get("transpose_thunk"), "_jaxpr_cc_rule", None)
     return None
 
-
-del partial
 
 
 # Rebuilt rules bind linear_call, which JAX 0.10.2 cannot batch (and whose jvp and

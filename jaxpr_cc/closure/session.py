@@ -39,9 +39,9 @@ from .. import jax_adapter as jx
 from . import naming
 from .errors import ClosureConversionError
 from .fingerprint import fingerprint
-from .rules import (CLOSED_OVER_MODES, JVPRule, LazyJaxpr, LinearRule, PatternRules, RuleInfo,
-                    VJPRule, bind_linear_rule, body, build_custom_jvp, build_custom_vjp,
-                    is_inexact, marked)
+from .rules import (CLOSED_OVER_MODES, FORWARD_ONLY_LEVELS, JVPRule, LazyJaxpr, LinearRule,
+                    PatternRules, RuleInfo, VJPRule, bind_linear_rule, body, build_custom_jvp,
+                    build_custom_vjp, forward_only, is_inexact, marked)
 
 _local = threading.local()
 # JAX's tracing caches (jit, scan and cond bodies) must not hand a body traced inside
@@ -202,6 +202,25 @@ class TraceSession:
         outs = g(*consts, *flat)
         return tree_util.tree_unflatten(out_tree, outs)
 
+    def _primal_of(self, pending: "_Pending"):
+        """What the fwd of a custom_vjp whose arguments JAX never perturbs computes
+        its outputs with: its primal body.  When AD can perturb a value it closes
+        over and its primal runs a while_loop, the rule's derivative along that
+        value is formed by forward mode (``RuleInfo.const_mode``), and so must the
+        outputs' own derivatives at the next order be (JAX's fwd would call the
+        custom function again): the body is ``forward_only``.  (Only when every
+        output is inexact, which is what ``forward_only`` differentiates;
+        ``build_custom_jvp`` does the same for a custom_jvp.)"""
+        def plain(flat):
+            return jx.eval_jaxpr(pending.p_jaxpr, [], *pending.p_consts, *flat)
+        if (self.closed_over not in ("auto", "forward") or not _has_while(pending.p_jaxpr)
+                or not all(is_inexact(v.aval) for v in pending.p_jaxpr.outvars)
+                or not any(self.perturbable(c) for c in pending.p_consts)):
+            return plain
+        staged = forward_only(lambda *ops: jx.eval_jaxpr(pending.p_jaxpr, [], *ops),
+                              FORWARD_ONLY_LEVELS)
+        return lambda flat: staged(*pending.p_consts, *flat)
+
     def _called_back(self, key) -> None:
         """The rule being traced under ``key`` was called from inside the rules of
         those traced since (or from its own): they are provisional."""
@@ -281,7 +300,7 @@ class TraceSession:
 
         def trace_rules() -> _Traced:
             if not any(perturbed):
-                return _Traced(*_unperturbed_vjp(p_jaxpr, p_consts, avals, out_avals), 0)
+                return _Traced(*_unperturbed_vjp(self._primal_of(pending), avals, out_avals), 0)
             if refuse is not None:
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals, refuse), 0)
             traced = trace_pattern(perturbed, None)
@@ -1059,15 +1078,15 @@ def _stop_gradient_arrays(x):
     return x
 
 
-def _unperturbed_vjp(p_jaxpr, p_consts, avals, out_avals):
+def _unperturbed_vjp(primal, avals, out_avals):
     """fwd and bwd of a custom_vjp whose arguments JAX can never perturb: JAX never
     runs the user's rules, so neither do we (they may refuse to run, as equinox's
-    ``nondifferentiable`` does).  fwd is the primal with no residuals; bwd gives zero
+    ``nondifferentiable`` does).  fwd is ``primal`` with no residuals; bwd gives zero
     cotangents.  Derivatives with respect to closed-over values still follow the
     closed-over policy."""
     import jax.numpy as jnp
     def fwd(*xs):
-        return jx.eval_jaxpr(p_jaxpr, [], *p_consts, *xs)
+        return primal(list(xs))
 
     def bwd(*cts):
         return [jnp.zeros(a.shape, a.dtype) for a in avals if is_inexact(a)]
@@ -1143,7 +1162,8 @@ def _refusing_jvp(p_jaxpr, p_consts, avals, out_avals, message: str):
 
 def _unperturbed_jvp(p_jaxpr, p_consts, avals, out_avals):
     """The jvp of a custom_jvp whose arguments JAX can never perturb: the primal and
-    zero tangents (the user's rule is never run, as in JAX)."""
+    zero tangents (the user's rule is never run, as in JAX; ``build_custom_jvp``
+    never runs this one either: no argument's tangent is ever other than zero)."""
     import jax.numpy as jnp
     n = len(avals)
 

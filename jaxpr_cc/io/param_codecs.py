@@ -27,12 +27,12 @@ import numpy as np
 
 from ..ir import library_refs, param_types
 from ..ir.region import Region
-from ..jax_adapter import (AbstractToken, ClosedJaxpr, Effect, ExtendedDType, Jaxpr, Primitive,
-                           ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
+from ..jax_adapter import (JAX_SENTINELS, AbstractToken, ClosedJaxpr, Effect, ExtendedDType,
+                           Jaxpr, Primitive, ShapedArray, TypedComplex, TypedFloat, TypedInt, UnspecifiedValue,
                            UNSPECIFIED, array_copy_semantics_type, custom_vmap_rule_type,
                            dots_saveable_type, hashable_array_type, is_made_checkpoint_policy,
                            linear_solve_tuple_type, named_policy_types, param_enum_types,
-                           prng_impl_by_name, prng_impl_type, WrappedFun)
+                           jax_sentinel_name, prng_impl_by_name, prng_impl_type, WrappedFun)
 from ..storage import dtypes, pytrees
 from . import effects, primitives, shardings
 from ..storage.errors import FormatError, SaveError
@@ -539,6 +539,20 @@ def _enc_library_object(value, enc):
             "v": {"class": list(cls), "state": [[k, enc.encode(x)] for k, x in state.items()]}}
 
 
+def _enc_sentinel(value, enc):
+    """One of JAX's markers by name, else a library's (equinox's), as any library object."""
+    name = jax_sentinel_name(value)
+    if name is None:
+        return _enc_library_object(value, enc)
+    return {"$t": "jax_sentinel", "v": name}
+
+
+def _dec_sentinel(v, dec):
+    if v not in JAX_SENTINELS:
+        raise FormatError(f"unknown JAX marker {str(v)[:60]!r} (known: {', '.join(JAX_SENTINELS)})")
+    return JAX_SENTINELS[v][2]
+
+
 def _dec_library_ref(v, dec):
     if not (isinstance(v, list) and len(v) in (2, 3) and all(type(x) is str for x in v)):
         raise FormatError("malformed library reference")
@@ -635,6 +649,8 @@ def _build_table() -> None:
     param_types.extend(enum.Enum, cannot_save="an enum JAX does not define as a parameter type")
     param_types.extend(param_types.DTYPE_LIKE, cannot_save="a dtype-like object that is not "
                                                            "one of JAX's dtypes")
+    register(param_types.SENTINEL, None, _enc_sentinel, None)
+    register((), "jax_sentinel", None, _dec_sentinel)
     register(list, "list", lambda v, e: [e.encode(x) for x in v],
              lambda v, d: [d.decode(x) for x in _list_payload(v, "list")])
     register(dict, "dict", _enc_dict, _dec_dict)

@@ -20,9 +20,10 @@ IR); the file format and the Python backend add their aspects to the same entrie
 means "cannot be saved" and a missing ``spell`` "has no Python spelling";
 ``cannot_save`` / ``cannot_spell`` say why, for the error message.
 
-A value's entry is found by :func:`entry_for`: its exact type; else, for an enum, the
-enum entry (before ``int``: ``IntEnum`` parameters are enums); for an unregistered
-namedtuple, the namedtuple entry; else the nearest registered base class (MRO); else,
+A value's entry is found by :func:`entry_for`: its exact type; else, for a bare
+``object()``, the sentinel entry; for an enum, the enum entry (before ``int``:
+``IntEnum`` parameters are enums); for an unregistered namedtuple, the namedtuple
+entry; else the nearest registered base class (MRO); else,
 for a dtype-like object, the extended-dtype entry; else the default entry (printed
 by ``repr`` without memory addresses, keyed by value when hashable and not callable,
 otherwise by identity).
@@ -149,6 +150,8 @@ def _own_entry(t: type) -> ParamType:
     hit = _TABLE.get(t)
     if hit is not None:
         return hit
+    if t is object:
+        return _TABLE[SENTINEL]
     if issubclass(t, enum.Enum):
         return _TABLE[enum.Enum]
     if issubclass(t, tuple) and hasattr(t, "_fields"):
@@ -333,6 +336,16 @@ def _key_region(v, keys):
 
 # Pseudo-type of objects that act as dtypes by name (JAX's extended dtypes).
 DTYPE_LIKE = type("dtype_like", (), {})
+# Pseudo-type of bare ``object()`` instances: markers compared by identity (JAX's
+# ``no_axis_name``, see ``jax_adapter.JAX_SENTINELS``; else a library's, handled as
+# the default entry handles library objects).
+SENTINEL = type("sentinel", (), {})
+
+
+def _print_sentinel(value, fmt) -> str:
+    from ..jax_adapter import jax_sentinel_name
+    name = jax_sentinel_name(value)
+    return print_default(value) if name is None else f"<{name}>"
 
 
 def _build() -> None:
@@ -360,6 +373,7 @@ def _build() -> None:
     define((ExtendedDType, DTYPE_LIKE), "extended dtype", print=_print_dtype_like,
            key=key_default)
     define(type, "class", print=_print_class, key=key_default)
+    define(SENTINEL, "sentinel", print=_print_sentinel, key=_key_identity)
     define(enum.Enum, "enum", print=_print_enum, key=_key_typed)
     define(Region, "region", print=print_default, key=_key_region)
     dots = dots_saveable_type()

@@ -70,7 +70,7 @@ from ..closure.ir_rules import (SYMBOLIC_ZERO_OUTPUTS, forward_mode_is_made_as_r
                                 symbolic_zero_masks)
 from ..closure.rules import (LinearRule, PatternRules, RuleInfo, _pe_bind_consts,
                              bind_linear_rule, body, is_inexact, marked,
-                             register_forward_mode_body, run, symbolic_outputs)
+                             run, symbolic_outputs)
 from ..frontend.from_jaxpr import region_from_closed_jaxpr
 from ..ir.equation import Equation
 from ..ir.region import Region
@@ -780,19 +780,17 @@ def _flat_program(region: Region, name: str):
                    tree_util.tree_structure(list(range(len(region.outvars)))), name=name)
 
 
-def _body_with_forward_mode(closed):
+def body_with_forward_mode(closed):
     """A rule body (``forward_only``'s call, differentiated in forward mode by its
     own jvp) with forward mode through every custom_vjp it calls: those JAX staged
     (a bwd's own ``jax.vjp`` of an update that calls another solver) made
     first-order first, then all given their forward mode on demand."""
     from ..frontend.staged_rules import convert_program
     plain = body(closed)
-    if plain.consts or not jx.calls_primitive(plain.jaxpr, "custom_vjp_call"):
+    if not jx.calls_primitive(plain.jaxpr, "custom_vjp_call"):
         return plain
     program = _flat_program(region_from_closed_jaxpr(plain), "forward_only")
     convert_program(program)
     with forward_mode_on_demand(_rewritten_rule):
         return region_to_closed_jaxpr(program.body)
 
-
-register_forward_mode_body(_body_with_forward_mode)
