@@ -1054,15 +1054,59 @@ def _staged_layout(f, jvp_dims, axis_data, staged, *args):
     return [*primals, *tangents]
 
 
+# JAX's partial evaluation (``JaxprTrace``) inlines a custom_jvp call that reads an
+# unknown value, dropping its rule ("partial evaluation only builds linear
+# functions").  A scan linearized inside ``grad(grad(...))`` is split that way:
+# ``_scan_known_hoisting`` partially evaluates the primal body into loop-invariant
+# and loop-varying parts, so a call reading both is inlined into the primal scan,
+# which the next order then differentiates through the call's primal body.  For
+# jaxpr-cc's ``forward_only`` rules that body is a while_loop, which reverse mode
+# cannot differentiate (the rule exists to avoid exactly that): their calls are
+# staged as they are, as equations of the unknown part.  A user's rule is inlined
+# as JAX inlines it.
+#: The attribute on the jvp of a custom_jvp that partial evaluation keeps.
+KEPT_IN_PARTIAL_EVAL = "_jaxpr_cc_kept_in_partial_eval"
+_PARTIAL_EVAL_CUSTOM_JVP = _pe.JaxprTrace.process_custom_jvp_call
+
+
+def _partial_eval_custom_jvp_call(self, prim, fun, jvp, tracers, /, *, symbolic_zeros):
+    tracers = [self.to_jaxpr_tracer(t) for t in tracers]
+    if all(t.is_known() for t in tracers) or find_tagged_function(jvp, KEPT_IN_PARTIAL_EVAL) is None:
+        return _PARTIAL_EVAL_CUSTOM_JVP(self, prim, fun, jvp, tracers,
+                                        symbolic_zeros=symbolic_zeros)
+    tracers = [self.instantiate_const(t) for t in tracers]
+    # The equation as JAX stages it (its jvp a memoized thunk), then recorded here.
+    def staged_call(*xs):
+        return prim.bind(*xs, subfuns=(fun, jvp), symbolic_zeros=symbolic_zeros)
+    jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(
+        _lu.wrap_init(staged_call, debug_info=fun.debug_info), [t.aval for t in tracers])
+    (eqn,) = jaxpr.eqns
+    env = dict(zip(jaxpr.invars, tracers))
+    env.update((v, self.instantiate_const(self.to_jaxpr_tracer(c)))
+               for v, c in zip(jaxpr.constvars, consts))
+    in_tracers = [self.instantiate_const(self.new_const(a.val)) if isinstance(a, _core.Literal)
+                  else env[a] for a in eqn.invars]
+    out_tracers = [_pe.JaxprTracer(self, _pe.PartialVal.unknown(v.aval), None)
+                   for v in eqn.outvars]
+    recipe = _pe.new_eqn_recipe(self, in_tracers, out_tracers, prim, eqn.params, eqn.effects,
+                                _source_info_util.current())
+    for t in out_tracers:
+        t.recipe = recipe
+    by_var = dict(zip(eqn.outvars, out_tracers))
+    return [by_var[v] for v in jaxpr.outvars]
+
+
 def register_linear_call_batching() -> None:
     """Register the ``linear_call`` rules above with JAX (idempotent): a batching
     rule, a jvp rule that accepts perturbed residuals, and a transpose rule that
     accepts known linear operands; and the batching of staged custom_jvp calls
-    (``_batched_custom_jvp_call``), which their jvp through a linear_call meets."""
+    (``_batched_custom_jvp_call``), which their jvp through a linear_call meets; and
+    the partial evaluation of ``forward_only`` calls (``_partial_eval_custom_jvp_call``)."""
     _lc_batching.fancy_primitive_batchers[linear_call_p] = _linear_call_batcher
     _lc_ad.primitive_jvps[linear_call_p] = _linear_call_jvp
     _lc_ad.primitive_transposes[linear_call_p] = _linear_call_transpose
     _lc_batching.BatchTrace.process_custom_jvp_call = _batched_custom_jvp_call
+    _pe.JaxprTrace.process_custom_jvp_call = _partial_eval_custom_jvp_call
 
 
 def has_transpose_rule(prim) -> bool:

@@ -157,3 +157,95 @@ def test_emitted_gradient_program_through_a_solver_calling_a_custom_vjp(tmp_path
     spec.loader.exec_module(module)
     np.testing.assert_allclose(module.f(k), jax.grad(unrolled)(k), rtol=1e-5)
     np.testing.assert_allclose(jax.grad(module.f)(k), jax.grad(jax.grad(unrolled))(k), rtol=1e-4)
+
+
+# ------------------------------------------ the same solver in a scan, int outputs
+def _solver_in_scan(fp):
+    xs = jnp.array([1.0, 2.0, 0.5])
+
+    def sol(b):
+        def body(c, x):
+            # The update reads b (loop-invariant) and x (per step): JAX's scan
+            # linearization splits a call reading both out of the primal scan.
+            z = fp(lambda z: 0.45 * jnp.cos(z) + b * x, 0.0)
+            return c + z * z, None
+        return lax.scan(body, jnp.float32(0.0), xs)[0]
+
+    def unrolled(b):
+        c = jnp.float32(0.0)
+        for x in (1.0, 2.0, 0.5):
+            z = jnp.float32(0.0)
+            for _ in range(200):
+                z = 0.45 * jnp.cos(z) + b * x
+            c = c + z * z
+        return c
+    return sol, unrolled
+
+
+@pytest.mark.parametrize("fp", [_fp_vjp, _fp_jvp], ids=["custom_vjp", "custom_jvp"])
+def test_solver_in_a_scan_reading_the_step_has_a_second_reverse_derivative(tmp_path, fp):
+    """The primal scan JAX's linearization builds dropped the solver's forward-mode
+    rule (partial evaluation inlines a custom_jvp reading a loop-varying value), so
+    the second reverse pass met the while_loop.  (An emitted module runs under JAX's
+    own partial evaluation, which still drops it: documented in docs/closure.md.)"""
+    sol, unrolled = _solver_in_scan(fp)
+    b = jnp.float32(0.3)
+    program = jaxpr_cc.trace(sol, b)
+    jaxpr_cc.save(program, tmp_path / "sol.jcc")
+    second = jax.grad(jax.grad(unrolled))(b)
+    for fn in (program, jaxpr_cc.jit(sol), jaxpr_cc.load(tmp_path / "sol.jcc")):
+        np.testing.assert_allclose(jax.grad(fn)(b), jax.grad(unrolled)(b), rtol=1e-4)
+        np.testing.assert_allclose(jax.grad(jax.grad(fn))(b), second, rtol=1e-4)
+
+
+def _counting_loop(fn, x0):
+    def body(c):
+        z, zp, i = c
+        return fn(z), z, i + 1
+    z, _, count = lax.while_loop(lambda c: jnp.abs(c[0] - c[1]) > 1e-7, body,
+                                 (x0 + 1.0, x0, 0))
+    return z, count
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _counted_vjp(fn, x0):
+    return _counting_loop(fn, x0)
+
+
+_counted_vjp.defvjp(lambda fn, x0: (_counted_vjp(fn, x0), None),
+                    lambda fn, _, ct: (jnp.zeros_like(ct[0]),))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _counted_jvp(fn, x0):
+    return _counting_loop(fn, x0)
+
+
+@_counted_jvp.defjvp
+def _counted_jvp_rule(fn, primals, tangents):
+    z, count = _counted_jvp(fn, *primals)
+    return (z, count), (jnp.zeros_like(z), np.zeros((), jax.dtypes.float0))
+
+
+@pytest.mark.parametrize("fp", [_counted_vjp, _counted_jvp], ids=["custom_vjp", "custom_jvp"])
+def test_solver_with_an_integer_output_has_a_second_reverse_derivative(tmp_path, fp):
+    """An iteration count beside the solution: the solution's forward-mode rule
+    covers the inexact outputs only (it was not used at all, so grad(grad) met the
+    while_loop)."""
+    def sol(b):
+        z, count = fp(lambda z: 0.45 * jnp.cos(z) + b, 0.0)
+        return z ** 2 + 0.0 * count
+
+    def unrolled(b):
+        z = jnp.float32(0.0)
+        for _ in range(200):
+            z = 0.45 * jnp.cos(z) + b
+        return z ** 2
+    b = jnp.float32(0.3)
+    program = jaxpr_cc.trace(sol, b)
+    jaxpr_cc.save(program, tmp_path / "sol.jcc")
+    second = jax.grad(jax.grad(unrolled))(b)
+    for fn in (program, jaxpr_cc.jit(sol), jaxpr_cc.load(tmp_path / "sol.jcc"),
+               _emitted(program, tmp_path, "sol_module")):
+        np.testing.assert_allclose(jax.grad(jax.grad(fn))(b), second, rtol=1e-4)
+        np.testing.assert_allclose(jax.jacfwd(jax.grad(fn))(b), second, rtol=1e-4)

@@ -250,21 +250,28 @@ def _forward_only(f):
     real direction of each perturbed input) contracted with the tangents' real (and
     imaginary) parts.  Linear in the tangents, so reverse mode transposes the
     contraction, never the forward pass, which may run through a while_loop; the
-    columns are ``_forward_only`` again, so every further order works the same way."""
+    columns are ``_forward_only`` again, so every further order works the same way.
+    An integer or bool output has no derivative."""
     fun = jax.custom_jvp(f)
 
     def jvp(primals, tangents):
         outs = fun(*primals)
         hot = [k for k, t in enumerate(tangents)
                if type(t) is not jax.custom_derivatives.SymbolicZero]
-        t_outs = [jnp.zeros(jnp.shape(o), jnp.result_type(o)) for o in outs]
+        inexact = [j for j, o in enumerate(outs)
+                   if jnp.issubdtype(jnp.result_type(o), jnp.inexact)]
+        t_outs = [jnp.zeros(jnp.shape(o), jnp.result_type(o)) if j in inexact
+                  else np.zeros(jnp.shape(o), jax.dtypes.float0) for j, o in enumerate(outs)]
         if hot:
-            cols = iter(_forward_only(_jacobian_columns(f, tuple(hot)))(*primals))
+            def inexact_outputs(*xs):
+                got = f(*xs)
+                return [got[j] for j in inexact]
+            cols = iter(_forward_only(_jacobian_columns(inexact_outputs, tuple(hot)))(*primals))
             for k in hot:
                 t = jnp.ravel(jnp.asarray(tangents[k]))
                 if jnp.issubdtype(t.dtype, jnp.complexfloating):
                     t = jnp.concatenate([jnp.real(t), jnp.imag(t)])
-                for j in range(len(outs)):
+                for j in inexact:
                     col = next(cols)
                     t_outs[j] = t_outs[j] + jnp.tensordot(t.astype(col.dtype), col, axes=1)
         return outs, t_outs
@@ -432,12 +439,12 @@ def _custom_jvp_with_consts(primal, jvp, *, num_consts, outs, args_inexact, rule
         dense = [_dense(t) for t, inexact in zip(t_args, args_inexact) if inexact]
         pattern = tuple(type(t) is not jax.custom_derivatives.SymbolicZero
                         for t, inexact in zip(t_args, args_inexact) if inexact)
-        if by_columns and not any(pattern) and all(
-                jnp.issubdtype(dtype, jnp.inexact) for _, dtype in outs):
+        if by_columns and not any(pattern):
             # No argument is perturbed: the outputs' own derivatives at the next
             # order are formed by forward mode too, not by reverse through the loop.
             res = [*_forward_only(forward_primal)(*consts, *args),
-                   *(jnp.zeros(shape, dtype) for shape, dtype in outs)]
+                   *(jnp.zeros(shape, dtype) for shape, dtype in outs
+                     if jnp.issubdtype(dtype, jnp.inexact))]
         else:
             res = (variants or {}).get(pattern, jvp)(*consts, *args, *dense)
         it = iter(res[len(outs):])

@@ -362,8 +362,8 @@ FORWARD_ONLY_MAX_EQUATIONS = 1000
 
 
 def forward_only(f, levels: int | None = None, traced: dict | None = None):
-    """``f`` (flat arrays -> flat inexact arrays) as a function whose derivatives of
-    every order are formed by forward mode.
+    """``f`` (flat arrays -> flat arrays) as a function whose derivatives of every
+    order are formed by forward mode (an integer or bool output has none).
 
     Its jvp is the Jacobian's columns (forward mode, see ``_jacobian_columns``)
     contracted with the tangents: linear in the tangents, so reverse mode transposes
@@ -384,18 +384,21 @@ def forward_only(f, levels: int | None = None, traced: dict | None = None):
         outs = g(*primals)
         hot = [k for k, t in enumerate(tangents)
                if type(t) is not SymbolicZero and is_inexact(jx.typeof(primals[k]))]
-        t_outs = [jnp.zeros(jnp.shape(o), jnp.result_type(o)) for o in outs]
+        inexact = [j for j, o in enumerate(outs) if is_inexact(jx.typeof(o))]
+        t_outs = [jnp.zeros(jnp.shape(o), jnp.result_type(o)) if j in inexact
+                  else np.zeros(jnp.shape(o), jax.dtypes.float0) for j, o in enumerate(outs)]
         if hot:
-            cols = forward_only(_jacobian_columns(f, hot))(*primals)
+            cols = forward_only(_jacobian_columns(_outputs(f, inexact), hot))(*primals)
             it = iter(cols)
             for k in hot:
                 w = _direction_weights(tangents[k])
-                for j in range(len(outs)):
+                for j in inexact:
                     col = next(it)
                     t_outs[j] = t_outs[j] + jnp.tensordot(w.astype(col.dtype), col, axes=1)
         return outs, t_outs
 
     g.defjvp(jvp, symbolic_zeros=True)
+    setattr(jvp, jx.KEPT_IN_PARTIAL_EVAL, True)  # its primal may be a while_loop
     # It closes over jaxprs only: a trace session leaves it to JAX, as it does the
     # functions rebuilt from first-order rules.  ``closure-convert`` meeting it staged
     # in JAX's form (each conversion would stage the next level, ~14x larger, with
@@ -410,6 +413,14 @@ def forward_only(f, levels: int | None = None, traced: dict | None = None):
         g._jaxpr_cc_forward_only_avals = tuple(jx.typeof(x) for x in xs)
         return g(*xs)
     return call
+
+
+def _outputs(f, which: list[int]):
+    """``f`` returning only its outputs ``which``."""
+    def picked(*xs):
+        got = f(*xs)
+        return [got[j] for j in which]
+    return picked
 
 
 def forward_only_target(g):
@@ -515,17 +526,20 @@ def forward_only_rule(call, num_consts: int, levels: int, info: "RuleInfo | None
             with_forward_mode.append(_forward_mode_body(call))
         return run(with_forward_mode[0], *vs)
 
-    def jvp_body(*ops):
+    inexact = [j for j, a in enumerate(out_avals) if is_inexact(a)]
+
+    def jvp_body(*ops):  # -> outputs, then the inexact outputs' tangents
         c, x, t = ops[:nc], ops[nc:nc + len(arg_avals)], ops[nc + len(arg_avals):]
         outs = g(*c, *x)
-        t_outs = [jnp.zeros(a.shape, a.dtype) for a in out_avals]
+        t_outs = [jnp.zeros(out_avals[j].shape, out_avals[j].dtype) for j in inexact]
         if hot:
             def columns_of(*vs):
-                return _jacobian_columns(lambda *xv: plain(*vs[:nc], *xv), hot)(*vs[nc:])
+                return _jacobian_columns(_outputs(lambda *xv: plain(*vs[:nc], *xv), inexact),
+                                         hot)(*vs[nc:])
             cols = iter(_forward_only_first_order(columns_of, levels - 1, False)(*c, *x))
             for tangent in t:
                 w = _direction_weights(tangent)
-                for j in range(len(out_avals)):
+                for j in range(len(inexact)):
                     col = next(cols)
                     t_outs[j] = t_outs[j] + jnp.tensordot(w.astype(col.dtype), col, axes=1)
         return [*outs, *t_outs]
@@ -824,7 +838,7 @@ def build_custom_jvp(rule: JVPRule):
             int(np.prod(const_avals[i].shape)) for i in hot) <= info.max_forward_size
         if all(type(t) is SymbolicZero for t in t_args):
             # As in JAX, the user's rule runs only when an argument is perturbed.
-            if by_columns and all(map(is_inexact, out_avals)):
+            if by_columns:
                 # So must the outputs' own derivatives at the next order be: not a
                 # reverse pass through the primal's while_loop.
                 outs = forward_only(partial(run, with_forward_mode(rule.call)))(*consts, *args)
@@ -883,6 +897,10 @@ def build_custom_jvp(rule: JVPRule):
     g.defjvp(jvp, symbolic_zeros=True)
     jvp._jaxpr_cc_rule = rule
     setattr(jvp, jx.OWNED_RULE, True)
+    if rule.forward_only_levels:
+        # Partial evaluation keeps it: its primal may be a while_loop that the next
+        # order would otherwise reverse-differentiate (``jax_adapter``).
+        setattr(jvp, jx.KEPT_IN_PARTIAL_EVAL, True)
     g._jaxpr_cc_rebuilt = True
     return g
 

@@ -208,13 +208,11 @@ class TraceSession:
         over and its primal runs a while_loop, the rule's derivative along that
         value is formed by forward mode (``RuleInfo.const_mode``), and so must the
         outputs' own derivatives at the next order be (JAX's fwd would call the
-        custom function again): the body is ``forward_only``.  (Only when every
-        output is inexact, which is what ``forward_only`` differentiates;
-        ``build_custom_jvp`` does the same for a custom_jvp.)"""
+        custom function again): the body is ``forward_only``.  (``build_custom_jvp``
+        does the same for a custom_jvp.)"""
         def plain(flat):
             return jx.eval_jaxpr(pending.p_jaxpr, [], *pending.p_consts, *flat)
         if (self.closed_over not in ("auto", "forward") or not _has_while(pending.p_jaxpr)
-                or not all(is_inexact(v.aval) for v in pending.p_jaxpr.outvars)
                 or not any(self.perturbable(c) for c in pending.p_consts)):
             return plain
         staged = forward_only(lambda *ops: jx.eval_jaxpr(pending.p_jaxpr, [], *ops),
