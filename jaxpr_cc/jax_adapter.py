@@ -1071,7 +1071,8 @@ _PARTIAL_EVAL_CUSTOM_JVP = _pe.JaxprTrace.process_custom_jvp_call
 
 def _partial_eval_custom_jvp_call(self, prim, fun, jvp, tracers, /, *, symbolic_zeros):
     tracers = [self.to_jaxpr_tracer(t) for t in tracers]
-    if all(t.is_known() for t in tracers) or find_tagged_function(jvp, KEPT_IN_PARTIAL_EVAL) is None:
+    if all(t.is_known() for t in tracers) or \
+            find_tagged_function(jvp, KEPT_IN_PARTIAL_EVAL) is None:
         return _PARTIAL_EVAL_CUSTOM_JVP(self, prim, fun, jvp, tracers,
                                         symbolic_zeros=symbolic_zeros)
     tracers = [self.instantiate_const(t) for t in tracers]

@@ -202,7 +202,7 @@ class TraceSession:
         outs = g(*consts, *flat)
         return tree_util.tree_unflatten(out_tree, outs)
 
-    def _primal_of(self, pending: "_Pending"):
+    def _primal_of(self, p_jaxpr, p_consts: list):
         """What the fwd of a custom_vjp whose arguments JAX never perturbs computes
         its outputs with: its primal body.  When AD can perturb a value it closes
         over and its primal runs a while_loop, the rule's derivative along that
@@ -211,13 +211,13 @@ class TraceSession:
         custom function again): the body is ``forward_only``.  (``build_custom_jvp``
         does the same for a custom_jvp.)"""
         def plain(flat):
-            return jx.eval_jaxpr(pending.p_jaxpr, [], *pending.p_consts, *flat)
-        if (self.closed_over not in ("auto", "forward") or not _has_while(pending.p_jaxpr)
-                or not any(self.perturbable(c) for c in pending.p_consts)):
+            return jx.eval_jaxpr(p_jaxpr, [], *p_consts, *flat)
+        hot = [c for c in p_consts if self.perturbable(c)]
+        if (not hot or self.closed_over not in ("auto", "forward") or not _has_while(p_jaxpr)
+                or sum(int(np.prod(jx.typeof(c).shape)) for c in hot) > self.max_forward_size):
             return plain
-        staged = forward_only(lambda *ops: jx.eval_jaxpr(pending.p_jaxpr, [], *ops),
-                              FORWARD_ONLY_LEVELS)
-        return lambda flat: staged(*pending.p_consts, *flat)
+        staged = forward_only(lambda *ops: jx.eval_jaxpr(p_jaxpr, [], *ops), FORWARD_ONLY_LEVELS)
+        return lambda flat: staged(*p_consts, *flat)
 
     def _called_back(self, key) -> None:
         """The rule being traced under ``key`` was called from inside the rules of
@@ -298,7 +298,8 @@ class TraceSession:
 
         def trace_rules() -> _Traced:
             if not any(perturbed):
-                return _Traced(*_unperturbed_vjp(self._primal_of(pending), avals, out_avals), 0)
+                primal = self._primal_of(p_jaxpr, p_consts)
+                return _Traced(*_unperturbed_vjp(primal, avals, out_avals), 0)
             if refuse is not None:
                 return _Traced(*_refusing_vjp(p_jaxpr, p_consts, avals, out_avals, refuse), 0)
             traced = trace_pattern(perturbed, None)
