@@ -68,6 +68,7 @@ def _emitted(program, tmp_path, name):
     return getattr(module, "sol")
 
 
+@pytest.mark.heavy  # 25 s; the scan and integer-output tests below cover the class
 @pytest.mark.parametrize("fp", [_fp_vjp, _fp_jvp], ids=["custom_vjp", "custom_jvp"])
 def test_solver_output_used_nonlinearly_has_second_and_third_reverse_derivatives(tmp_path,
                                                                                   fp):
