@@ -585,10 +585,7 @@ def _forward_const_cotangents(call, consts, args, hot, cts, out_avals, levels=No
     nc = len(consts)
     inexact_outs = [j for j, a in enumerate(out_avals) if is_inexact(a)]
 
-    def outputs(*ops):
-        got = run(with_forward_mode(call), *ops)
-        return [got[j] for j in inexact_outs]
-
+    outputs = _outputs(partial(run, with_forward_mode(call)), inexact_outs)
     cols = iter(forward_only(_jacobian_columns(outputs, list(hot)), levels,
                              traced)(*consts, *args))
     out = []
@@ -626,10 +623,7 @@ def _jacobian_tangents(call, ops, hot, tangents, out_avals):
     derivative later, when the caller's trace may have ended."""
     inexact_outs = [j for j, a in enumerate(out_avals) if is_inexact(a)]
 
-    def outputs(*vs):
-        got = run(call, *vs)
-        return [got[j] for j in inexact_outs]
-
+    outputs = _outputs(partial(run, call), inexact_outs)
     cols = iter(forward_only(_jacobian_columns(outputs, list(hot)))(*ops))
     extra = [jnp.zeros(a.shape, a.dtype) if is_inexact(a) else None for a in out_avals]
     for tangent in tangents:
