@@ -79,9 +79,7 @@ def test_a_loop_that_runs_is_still_transposed_as_its_limit():
 
 def test_a_loop_started_from_another_loops_result():
     # The second loop starts where the first stopped (u, u: it never runs); the
-    # first runs, so the bwd is (I - W^T)^-1.  The probe does not read a loop
-    # whose start comes from another loop: it is transposed as its limit, which
-    # here is its start (the first loop ended at the fixed point).
+    # first runs, so the bwd is (I - W^T)^-1.
     def bwd(c, g):
         u = _adjoint_loop(g, g, 2.0 * g)
         return _adjoint_loop(g, u, jnp.flip(jnp.flip(u)))
@@ -90,6 +88,49 @@ def test_a_loop_started_from_another_loops_result():
     want = np.diag(np.asarray(WEIGHTS)) @ np.linalg.inv(np.eye(3) - W)
     np.testing.assert_allclose(np.asarray(jax.jacrev(fun)(X)), want, rtol=1e-4)
     np.testing.assert_allclose(np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(X)), want, rtol=1e-4)
+
+
+def _one(c):
+    return 1.0 + 0.0 * c[0]
+
+
+def _scan_of_loops(c, g, length=2):
+    return jax.lax.scan(lambda u, _: (_adjoint_loop(u, u * _one(c), u), None), g, None,
+                        length=length)[0]
+
+
+# Loops that start converged at run time (u * s, s == 1) where the probe used not
+# to read them: in a branch, in a scan body, after another loop (adversary, stop
+# 40: the transpose was the limit's, jacfwd 2 I against jacrev I).  Each case
+# also holds a loop that runs, so that reading too much is seen as well.
+NESTED = {
+    "in_a_branch": lambda c, g: jax.lax.cond(
+        c[0] > 0, lambda g: _adjoint_loop(g, g * _one(c), g), lambda g: 2.0 * g, g),
+    "in_a_scan_body": _scan_of_loops,
+    "in_a_scan_body_running_at_some_steps": lambda c, g: jax.lax.scan(
+        lambda u, k: (_adjoint_loop(u, u * _one(c), u * (1.0 + k)), None), g,
+        jnp.arange(3.0))[0],
+    "in_a_reversed_scan": lambda c, g: jax.lax.scan(
+        lambda u, k: (_adjoint_loop(u, u * _one(c), u * (1.0 + k)), None), g,
+        jnp.arange(3.0), reverse=True)[0],
+    "in_a_fori_loop": lambda c, g: jax.lax.fori_loop(
+        0, 2, lambda i, u: _adjoint_loop(u, u * _one(c), u), g),
+    "after_a_loop_that_runs": lambda c, g: (
+        lambda u: _adjoint_loop(u, u * _one(c), u))(_adjoint_loop(g, g, 2.0 * g)),
+    "in_a_scan_in_a_branch": lambda c, g: jax.lax.cond(
+        c[0] > 0, lambda g: _scan_of_loops(c, g), lambda g: g, g),
+    "in_the_branch_not_taken": lambda c, g: jax.lax.cond(
+        c[0] < -5, lambda g: _adjoint_loop(g, g * _one(c), g),
+        lambda g: _adjoint_loop(g, g, 2.0 * g), g),
+}
+
+
+@pytest.mark.parametrize("bwd", list(NESTED.values()), ids=list(NESTED))
+def test_a_nested_loop_that_starts_converged_returns_its_start(bwd):
+    fun = _rule(bwd)
+    want = np.asarray(jax.jacrev(fun)(X))
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(X)), want,
+                               rtol=1e-4, atol=1e-6)
 
 
 def test_a_start_gap_met_at_one_scale_only_gives_nan():

@@ -1214,26 +1214,30 @@ class _StartProbe:
     run time): the structural check (``_stops_at_its_start``) sees only starts
     equal by construction.  The map is evaluated once on a fixed pseudo-random
     linear input, each loop's test read at its start (at that input and at
-    ``_PROBE_SCALE`` times it) and the loop skipped (``_bind_linear_while``).
-    Met at both scales, the loop did not run; at one only, it runs for some
-    inputs and not others, and its transpose is NaN -- unless running it there
-    leaves its start where it was, when the limit is its start.  A loop whose
-    start is computed from another loop's result, or that runs inside a scan
-    body or a branch, or more than once, is not read (its transpose is the
-    limit's, as before).
+    ``_PROBE_SCALE`` times it, ``_bind_linear_while``).  Met at both scales, the
+    loop did not run; at one only, it runs for some inputs and not others, and
+    its transpose is NaN -- unless running it there leaves its start where it
+    was, when the limit is its start.
 
-    ``recording()`` is the probe being evaluated (``preds``: loop equation id ->
-    its test at the start, or None when unread; ``skipped``: ids of values the
-    skipped loops returned, kept alive); ``reading()`` the predicates the
-    transposition uses."""
+    Loops run in the probe as in the map, so a loop started from another
+    loop's result is read where it starts.  A loop in a ``scan`` body is read
+    at every step: the scan returns the readings as extra outputs, stacked, and
+    the transposition scans them beside its operands; a loop in a ``cond``
+    branch is read in the branch taken, each branch returning readings for all
+    branches' loops (``_probe_branches``).  A loop evaluated twice in one trace
+    (a called jaxpr called twice), or run by a ``while_loop``'s body, is not
+    read: its transpose is its limit's.
+
+    ``recording()`` is the probe being evaluated (``preds``: equation id -> its
+    reading: a loop's test at its start, ``bool[3]``, or None when unread; a
+    scan's or a cond's readings of the loops it holds, a dict); ``reading()``
+    pushes the readings the transposition uses, ``pred_for(eqn)`` looks one up."""
 
     _recording: list = []
     _reading: list = [{}]
 
     def __init__(self):
         self.preds: dict = {}
-        self.skipped: dict = {}
-        self.nested = 0
 
     @classmethod
     def recording(cls) -> "_StartProbe | None":
@@ -1252,21 +1256,22 @@ class _StartProbe:
         finally:
             cls._reading.pop()
 
+    @classmethod
     @contextlib.contextmanager
-    def nesting(self):
-        self.nested += 1
+    def recording_into(cls, probe: "_StartProbe"):
+        cls._recording.append(probe)
         try:
-            yield
+            yield probe
         finally:
-            self.nested -= 1
+            cls._recording.pop()
 
-    def derived_from_skipped(self, values) -> bool:
-        return any(id(x) in self.skipped for x in values)
-
-    def skip(self, eqn, values, pred) -> None:
+    def record(self, eqn, pred) -> None:
         key = id(eqn)
         self.preds[key] = None if key in self.preds else pred
-        self.skipped.update((id(x), x) for x in values)
+
+    def readings(self) -> dict:
+        """The readings taken (unread loops left out)."""
+        return {k: v for k, v in self.preds.items() if v is not None}
 
 
 #: The larger scale at which a loop's start test is read (``_bind_linear_while``).
@@ -1299,15 +1304,12 @@ def _probe_starts(jaxpr, forward, lin_examples) -> dict:
             x = x + 1j * rng.uniform(-1.0, 1.0, size=shape)
         return np.asarray(x, dtype)
 
-    probe = _StartProbe()
-    _StartProbe._recording.append(probe)
-    try:
-        forward(*[sample(e) for e in lin_examples])
-    except Exception:  # noqa: BLE001 -- no reading: the loops' transposes are their limits'
-        return {}
-    finally:
-        _StartProbe._recording.pop()
-    return {k: v for k, v in probe.preds.items() if v is not None}
+    with _StartProbe.recording_into(_StartProbe()) as probe:
+        try:
+            forward(*[sample(e) for e in lin_examples])
+        except Exception:  # noqa: BLE001 -- no reading: the loops' transposes are their limits'
+            return {}
+    return probe.readings()
 
 
 def eval_linear(jaxpr, consts, args, linear) -> list:
@@ -1366,9 +1368,6 @@ def _eval_equations(jaxpr, env: dict, dep: set) -> None:
             else:
                 outs = jx.eval_equation(eqn, invals)
                 out_flags = [any(flags)] * len(outs)
-        probe = _StartProbe.recording()
-        if probe is not None and probe.derived_from_skipped(invals):
-            probe.skipped.update((id(x), x) for x in outs)
         for v, x, flag in zip(eqn.outvars, outs, out_flags):
             env[v] = x
             if flag:
@@ -1376,22 +1375,21 @@ def _eval_equations(jaxpr, env: dict, dep: set) -> None:
 
 
 def _eval_linear_eqn(eqn, invals, flags, used):
-    probe = _StartProbe.recording()
-    if eqn.primitive.name in ("cond", "scan") and probe is not None:
-        # (A loop in a branch or scan body is traced apart: its test is not read.)
-        with probe.nesting():
-            return _eval_linear_eqn_now(eqn, invals, flags, used)
-    return _eval_linear_eqn_now(eqn, invals, flags, used)
-
-
-def _eval_linear_eqn_now(eqn, invals, flags, used):
     name = eqn.primitive.name
     n_out = len(eqn.outvars)
     if name == "while":
         return _bind_linear_while(eqn, invals, flags, used)
     if name == "cond":
         branches = [functools.partial(_run_branch, br, flags[1:]) for br in eqn.params["branches"]]
-        outs = jax.lax.switch(invals[0], branches, *invals[1:])
+        probe = _StartProbe.recording()
+        if probe is not None:
+            outs, readings = jax.lax.switch(invals[0], _probe_branches(branches, invals[1:]),
+                                            *invals[1:])
+            probe.record(eqn, readings)
+        else:
+            readings = _StartProbe.pred_for(eqn) or {}
+            outs = jax.lax.switch(invals[0], [_read_in(b, readings) for b in branches],
+                                  *invals[1:])
         return list(outs), [True] * n_out
     if name == "scan":
         return _run_scan(eqn, invals, flags), [True] * n_out
@@ -1405,6 +1403,45 @@ def _eval_linear_eqn_now(eqn, invals, flags, used):
 
 def _run_branch(branch, flags, *ops):
     return eval_linear(branch.jaxpr, branch.consts, list(ops), flags)
+
+
+def _recorded(fn):
+    """``fn`` returning also the readings of the loops it runs (``_StartProbe``)."""
+    def run(*args):
+        with _StartProbe.recording_into(_StartProbe()) as probe:
+            outs = fn(*args)
+        return outs, probe.readings()
+    return run
+
+
+def _read_in(fn, readings):
+    """``fn`` run with ``readings`` as the loops' start readings."""
+    def run(*args):
+        with _StartProbe.reading(readings):
+            return fn(*args)
+    return run
+
+
+def _probe_branches(branches, ops):
+    """The branches of a cond, in the probe, returning ``(outputs, readings)``
+    with one structure for all: each branch's readings of its own loops, and
+    "ran" (all true: the limit) for the other branches' loops, which are not
+    transposed where this branch is taken."""
+    shapes = [jax.eval_shape(_recorded(b), *ops)[1] for b in branches]
+    union: dict = {}
+    for own in shapes:
+        for k, v in own.items():
+            union.setdefault(k, v)
+
+    def padded(b, own):
+        def run(*args):
+            outs, readings = _recorded(b)(*args)
+            return outs, {k: readings[k] if k in own else
+                          jax.tree.map(lambda a: jnp.ones(a.shape, a.dtype), v)
+                          for k, v in union.items()}
+        return run
+
+    return [padded(b, own) for b, own in zip(branches, shapes)]
 
 
 def _run_scan(eqn, invals, flags):
@@ -1422,21 +1459,39 @@ def _run_scan(eqn, invals, flags):
         carry_flags = new
     body_flags = c_flags + carry_flags + x_flags
 
-    def step(c, x):
-        outs = eval_linear(body.jaxpr, body.consts, [*consts, *c, *x], body_flags)
-        return outs[:ncarry], outs[ncarry:]
+    def body_fn(c, x):
+        return eval_linear(body.jaxpr, body.consts, [*consts, *c, *x], body_flags)
 
-    carry_out, ys = jax.lax.scan(step, list(carry), list(xs), length=p["length"],
-                                 reverse=p["reverse"], unroll=p["unroll"])
+    # The loops in the body are read at every step (_StartProbe): the probe
+    # stacks the readings as outputs, the transposition scans them.
+    probe = _StartProbe.recording()
+    readings = None if probe is not None else _StartProbe.pred_for(eqn)
+
+    def step(c, x):
+        x, at_step = x
+        if probe is not None:
+            outs, at_step = _recorded(body_fn)(c, x)
+        else:
+            outs = _read_in(body_fn, at_step)(c, x)
+        return outs[:ncarry], (outs[ncarry:], at_step)
+
+    carry_out, (ys, stacked) = jax.lax.scan(
+        step, list(carry), (list(xs), readings or {}), length=p["length"],
+        reverse=p["reverse"], unroll=p["unroll"])
+    if probe is not None:
+        probe.record(eqn, stacked)
     return [*carry_out, *ys]
 
 
-def _bind_linear_while(eqn, invals, flags, used):
+def _bind_linear_while(eqn, invals, flags, used, reading_key=None):
+    # (reading_key: the loop's key among the start readings, _StartProbe: the
+    # program's equation when this one is rewritten from it.)
+    reading_key = eqn if reading_key is None else reading_key
     n_results = len(eqn.outvars)
     if any(flags[:eqn.params["cond_nconsts"]]):
-        eqn, order = _cond_constants_carried(eqn, flags)
+        moved, order = _cond_constants_carried(eqn, flags)
         invals, flags = [invals[i] for i in order], [flags[i] for i in order]
-        outs, out_flags = _bind_linear_while(eqn, invals, flags, used)
+        outs, out_flags = _bind_linear_while(moved, invals, flags, used, reading_key)
         return outs[:n_results], out_flags[:n_results]
     zeros = [isinstance(a, Literal) and _is_zero_literal(a) for a in eqn.invars]
     _, split = _while_split(eqn, flags, zeros, used, check=False)
@@ -1453,10 +1508,10 @@ def _bind_linear_while(eqn, invals, flags, used):
     probe = _StartProbe.recording()
     if probe is not None:
         # The probe of the loops' starts: read this loop's test where it starts,
-        # and go on as if it did not run (see _StartProbe).
+        # and run it as the map does (see _StartProbe).
         starts = list(invals[cc + bc:])
         pred = None
-        if split.converges and not probe.nested and not probe.derived_from_skipped(invals):
+        if split.converges:
             # Read at the probe and at a much larger multiple of it: a test that
             # holds at one scale only (an absolute tolerance beside a start gap
             # of rounding size) runs for some cotangents and not for others --
@@ -1483,9 +1538,9 @@ def _bind_linear_while(eqn, invals, flags, used):
                                 jnp.where(ran, 1.0, _PROBE_SCALE).astype(starts[0].dtype)
                                 if starts else 1.0)
             pred = jnp.stack([ran, ran_scaled, same])
-        probe.skip(eqn, starts, pred)
-        return starts, list(carry_lin)
-    probed_run = _StartProbe.pred_for(eqn)
+        probe.record(reading_key, pred)
+        return jx.eval_equation(eqn, invals), list(carry_lin)
+    probed_run = _StartProbe.pred_for(reading_key)
     # Affine carries whose start is a constant (not the linear input): the linear
     # part starts from zero, the constant part from that start.
     const_start = [a and not f for a, f in zip(split.carry_affine, carry_flags)]
