@@ -213,3 +213,80 @@ def test_a_small_component_packed_beside_a_large_one_is_compared_on_its_own_scal
 
     f.defvjp(lambda x: (jnp.sin(x), x), bwd)
     assert np.isnan(float(jax.jacfwd(jaxpr_cc.jit(f))(jnp.float32(0.7))))
+
+
+def test_the_larger_probe_scale_stays_within_float16():
+    # The probe read the test at 2**20 times the start: beyond float16's range,
+    # the gap inf - inf read "met" at that scale only, and the transpose was NaN
+    # (adversary, stop 41).  Reference: the analytic transpose of the limit,
+    # diag(weights) (I - W)^-1 -- in float16, JAX's reverse mode stops its loop
+    # at the tolerance, a few per cent from the limit.
+    dt = jnp.float16
+    w = jnp.asarray(W, dt)
+
+    def loop(g, start, prev):
+        return jax.lax.while_loop(lambda s: jnp.max(jnp.abs(s[0] - s[1])) > 1e-2,
+                                  lambda s: (g + w.T @ s[0], s[0]), (start, prev))[0]
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, g: (loop(g, g * dt(1.3), g),))
+    weights = jnp.asarray(WEIGHTS, dt)
+    got = np.asarray(jax.jacfwd(jaxpr_cc.jit(lambda x: f(x) * weights))(X.astype(dt)),
+                     np.float64)
+    want = np.diag(np.asarray(WEIGHTS, np.float64)) @ np.linalg.inv(np.eye(3) - W)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=1e-2)
+
+
+def test_the_larger_probe_scale_stays_within_float32_for_huge_iterates():
+    # An iterate near 1e33 (a relative test): 2**20 times it overflows float32.
+    big = 1e33
+
+    def bwd(c, g):
+        h = g * big
+        u = jax.lax.while_loop(
+            lambda s: jnp.max(jnp.abs(s[0] - s[1])) > 1e-6 * jnp.max(jnp.abs(s[0])),
+            lambda s: (h + jnp.asarray(W).T @ s[0], s[0]), (h * 1.3, h))[0]
+        return u / big
+
+    fun = _rule(bwd)
+    got = np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(X))
+    assert np.isfinite(got).all()  # it was NaN
+    # (The transposed iteration runs on cotangent / 1e33, where the terms of its
+    # sum soon fall below float32's normal range: a few 1e-4 from the limit.)
+    np.testing.assert_allclose(got, np.asarray(jax.jacrev(fun)(X)), rtol=3e-3)
+
+
+def test_a_vmapped_loop_returns_its_start_in_the_lanes_that_start_converged():
+    # Lane 0 starts converged (s == 1), lane 1 runs: the batched loop runs while
+    # any lane does, keeping lane 0 at its start.  The transpose read "ran" for
+    # all lanes (adversary, stop 41: lane 0 got lane 1's limit).
+    def bwd(c, g):
+        s = jnp.where(c[0] > 0.5, 1.0, 1.5)
+        return _adjoint_loop(g, g * s, g)
+
+    fun = jax.vmap(_rule(bwd))
+    xs = jnp.stack([X, X.at[0].set(2.0)])
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(xs)),
+                               np.asarray(jax.jacrev(fun)(xs)), rtol=1e-4, atol=1e-6)
+
+
+def test_a_rule_called_twice_in_a_bwd_has_its_loop_read_at_each_call():
+    # One inner custom_vjp, called with a start converged at run time and then
+    # with one that runs: both calls share its primal, and the loop was read
+    # once, so both were transposed as the limit (adversary, stop 41).
+    @jax.custom_vjp
+    def inner(h, s):
+        return _adjoint_loop(h, h * s, h)
+
+    inner.defvjp(lambda h, s: (inner(h, s), None), lambda r, ct: (ct, jnp.zeros(())))
+
+    def bwd(c, g):
+        one = 1.0 + 0.0 * c[0]
+        return inner(g, one) + inner(2.0 * g, 1.3 * one)
+
+    fun = _rule(bwd)
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(X)),
+                               np.asarray(jax.jacrev(fun)(X)), rtol=1e-4)

@@ -1214,7 +1214,7 @@ class _StartProbe:
     run time): the structural check (``_stops_at_its_start``) sees only starts
     equal by construction.  The map is evaluated once on a fixed pseudo-random
     linear input, each loop's test read at its start (at that input and at
-    ``_PROBE_SCALE`` times it, ``_bind_linear_while``).  Met at both scales, the
+    a much larger multiple of it (``_probe_scale``), ``_bind_linear_while``).  Met at both scales, the
     loop did not run; at one only, it runs for some inputs and not others, and
     its transpose is NaN -- unless running it there leaves its start where it
     was, when the limit is its start.
@@ -1224,11 +1224,11 @@ class _StartProbe:
     at every step: the scan returns the readings as extra outputs, stacked, and
     the transposition scans them beside its operands; a loop in a ``cond``
     branch is read in the branch taken, each branch returning readings for all
-    branches' loops (``_probe_branches``).  A loop evaluated twice in one trace
-    (a called jaxpr called twice), or run by a ``while_loop``'s body, is not
-    read: its transpose is its limit's.
+    branches' loops (``_probe_branches``).  A loop is keyed by the path of calls
+    to it, so a function called twice has its loops read at each call.  A loop
+    run by a ``while_loop``'s body is not read: its transpose is its limit's.
 
-    ``recording()`` is the probe being evaluated (``preds``: equation id -> its
+    ``recording()`` is the probe being evaluated (``preds``: ``key(equation)`` -> its
     reading: a loop's test at its start, ``bool[3]``, or None when unread; a
     scan's or a cond's readings of the loops it holds, a dict); ``reading()``
     pushes the readings the transposition uses, ``pred_for(eqn)`` looks one up."""
@@ -1243,9 +1243,26 @@ class _StartProbe:
     def recording(cls) -> "_StartProbe | None":
         return cls._recording[-1] if cls._recording else None
 
+    #: The call equations the evaluation is inside (a loop in a function called
+    #: twice is two loops: its key is the path of calls to it).
+    _calls: list = []
+
+    @classmethod
+    def key(cls, eqn) -> tuple:
+        return (*cls._calls, id(eqn))
+
+    @classmethod
+    @contextlib.contextmanager
+    def inside(cls, call):
+        cls._calls.append(id(call))
+        try:
+            yield
+        finally:
+            cls._calls.pop()
+
     @classmethod
     def pred_for(cls, eqn):
-        return cls._reading[-1].get(id(eqn))
+        return cls._reading[-1].get(cls.key(eqn))
 
     @classmethod
     @contextlib.contextmanager
@@ -1266,7 +1283,7 @@ class _StartProbe:
             cls._recording.pop()
 
     def record(self, eqn, pred) -> None:
-        key = id(eqn)
+        key = self.key(eqn)
         self.preds[key] = None if key in self.preds else pred
 
     def readings(self) -> dict:
@@ -1274,8 +1291,45 @@ class _StartProbe:
         return {k: v for k, v in self.preds.items() if v is not None}
 
 
-#: The larger scale at which a loop's start test is read (``_bind_linear_while``).
-_PROBE_SCALE = float(2 ** 20)
+#: The larger scale at which a loop's start test is read (``_bind_linear_while``):
+#: ``2 ** _PROBE_SCALE_BITS``, or less where that would leave the values' range.
+_PROBE_SCALE_BITS = 20
+
+
+def _probe_scale(values):
+    """The larger probe scale, a power of two: ``2 ** 20``, or at most the square
+    root of the largest finite value of each dtype over the largest magnitude of
+    that value (a float16 carry, a float32 iterate near 1e33: scaled by 2 ** 20
+    they overflow, and their test reads inf - inf)."""
+    bits = jnp.float32(_PROBE_SCALE_BITS)
+    for x in values:
+        if not _floating(jnp.result_type(x)):
+            continue
+        real = jnp.finfo(jnp.result_type(x)).dtype
+        room = 0.5 * np.log2(float(jnp.finfo(real).max)) - jnp.log2(
+            jnp.maximum(jnp.max(jnp.abs(x)), jnp.ones((), real)))
+        bits = jnp.minimum(bits, jnp.floor(room.astype(jnp.float32)))
+    return jnp.exp2(bits)
+
+
+def _scaled(values, flags, scale):
+    """The inexact ``values`` marked in ``flags`` times ``scale`` (in their dtype)."""
+    return [x * scale.astype(jnp.finfo(jnp.result_type(x)).dtype)
+            if f and _floating(jnp.result_type(x)) else x for x, f in zip(values, flags)]
+
+
+def _lanes(cond, lin_values) -> bool:
+    """Does the loop test each lane of a batch (vmap): its test gives ``bool[k]``
+    and every linear carry has ``k`` leading lanes?"""
+    (out,) = cond.jaxpr.outvars
+    shape = out.aval.shape
+    return (len(shape) == 1 and bool(lin_values)
+            and all(jnp.ndim(x) >= 1 and jnp.shape(x)[0] == shape[0] for x in lin_values))
+
+
+def _by_lane(flags, x):
+    """Per-lane ``flags`` (``bool[k]``) shaped to select along ``x``'s leading axis."""
+    return jnp.reshape(flags, flags.shape + (1,) * (jnp.ndim(x) - 1))
 
 
 def _near(x, y):
@@ -1397,7 +1451,8 @@ def _eval_linear_eqn(eqn, invals, flags, used):
     if callee is not None:
         # Calls and custom rules' primals (JAX's transposition sees the primal of
         # a custom rule too): inline, so that their loops are found.
-        return eval_linear(callee[0], callee[1], invals, flags), [True] * n_out
+        with _StartProbe.inside(eqn):
+            return eval_linear(callee[0], callee[1], invals, flags), [True] * n_out
     return jx.eval_equation(eqn, invals), [True] * n_out
 
 
@@ -1516,28 +1571,30 @@ def _bind_linear_while(eqn, invals, flags, used, reading_key=None):
             # holds at one scale only (an absolute tolerance beside a start gap
             # of rounding size) runs for some cotangents and not for others --
             # the bwd is not linear there (see the transpose below).
+            lanes = _lanes(cond, [x for x, lin in zip(starts, carry_lin) if lin])
+
             def ran_at(scale):
-                scaled = [x * scale if lin else x for x, lin in zip(starts, carry_lin)]
+                scaled = _scaled(starts, carry_lin, scale)
                 (ran,) = jx.eval_jaxpr(cond.jaxpr, cond.consts, *invals[:cc], *scaled)
-                return jnp.any(ran)
+                return ran if lanes else jnp.any(ran)
 
             def returns_its_start(scale):
                 # Run where its test holds, does the loop end where it started (an
                 # adjoint of a Newton step, whose iteration changes nothing)?  Then
                 # whether it runs does not matter.
-                scaled = [x * scale if lin else x for x, lin in zip(starts, carry_lin)]
-                consts = [x * scale if lin else x
-                          for x, lin in zip(invals[cc:cc + bc], split.const_lin)]
+                scaled = _scaled(starts, carry_lin, scale)
+                consts = _scaled(invals[cc:cc + bc], split.const_lin, scale)
                 outs = jx.eval_equation(eqn, [*invals[:cc], *consts, *scaled])
                 return functools.reduce(jnp.logical_and, [
                     _near(o, x) for o, x, lin in zip(outs, scaled, carry_lin) if lin],
                     jnp.bool_(True))
 
-            ran, ran_scaled = ran_at(1.0), ran_at(_PROBE_SCALE)
-            same = jax.lax.cond(ran != ran_scaled, returns_its_start, lambda _: jnp.bool_(True),
-                                jnp.where(ran, 1.0, _PROBE_SCALE).astype(starts[0].dtype)
-                                if starts else 1.0)
-            pred = jnp.stack([ran, ran_scaled, same])
+            scale = _probe_scale([x for x, lin in zip(starts, carry_lin) if lin])
+            ran, ran_scaled = ran_at(jnp.float32(1.0)), ran_at(scale)
+            differ = jnp.any(ran != ran_scaled)
+            same = jax.lax.cond(differ, returns_its_start, lambda _: jnp.bool_(True),
+                                jnp.where(jnp.any(ran & ~ran_scaled), jnp.float32(1.0), scale))
+            pred = jnp.stack([ran, ran_scaled, jnp.broadcast_to(same, jnp.shape(ran))])
         probe.record(reading_key, pred)
         return jx.eval_equation(eqn, invals), list(carry_lin)
     probed_run = _StartProbe.pred_for(reading_key)
@@ -1621,11 +1678,13 @@ def _bind_linear_while(eqn, invals, flags, used, reading_key=None):
     # carry (a flag or gap that starts "converged" at run time): then it did not.
     start_reads_lin = any(reaches(cond.jaxpr, [False] * cc + list(carry_lin)))
 
-    def stop_test(cv, n_vals, l_vals):
+    def stop_test(cv, n_vals, l_vals, per_lane=False):
         carries = merge(carry_lin, l_vals, n_vals)
         pred = jx.eval_jaxpr(cond.jaxpr, cond.consts, *cv, *carries)[0]
         # A batched loop (vmap) may test each lane (bool[k]): it runs while any
         # lane goes on, its body selecting per lane, as the while primitive does.
+        if per_lane and _lanes(cond, l_vals):
+            return pred
         return jnp.any(pred) if jnp.ndim(pred) else pred
 
     def transpose(r, cts):
@@ -1642,20 +1701,31 @@ def _bind_linear_while(eqn, invals, flags, used, reading_key=None):
             if start_reads_lin and probed_run is None:
                 return list(limit)
             # Whether the loop ran: its test at the start, on the probe of the
-            # linear input when the test reads it (_StartProbe).
-            start = [*zeros_of(lin_const_avals), *l_bar]
+            # linear input when the test reads it (_StartProbe); per lane, for a
+            # batched loop whose lanes stop apart.
             if not start_reads_lin:
-                ran = stop_test(cv, list(n_init), zeros_of(lin_carry_avals))
-                # A loop that did not run returns its start: cotangent l_bar for
-                # it, none for the loop's constants.
-                return [jnp.where(ran, x, y) for x, y in zip(limit, start)]
-            ran, ran_scaled, same = probed_run[0], probed_run[1], probed_run[2]
-            # A test that holds at one scale only is NaN, unless running the loop
-            # leaves its start where it was (then either transpose will do).
-            unsure = (ran != ran_scaled) & ~same
-            return [jnp.where(unsure, jnp.full_like(x, jnp.nan),
-                              jnp.where(ran | ran_scaled, x, y))
-                    for x, y in zip(limit, start)]
+                ran = stop_test(cv, list(n_init), zeros_of(lin_carry_avals), per_lane=True)
+                unsure = jnp.zeros_like(ran)
+            else:
+                ran, ran_scaled, same = probed_run[0], probed_run[1], probed_run[2]
+                # A test that holds at one scale only is NaN, unless running the
+                # loop leaves its start where it was (then either transpose will do).
+                unsure = (ran != ran_scaled) & ~same
+                ran = ran | ran_scaled
+            # A loop (a lane) that did not run returns its start: cotangent l_bar
+            # for it, none for the loop's constants.  Lanes do not mix: the
+            # transposed iteration of the lanes that ran is the limit's.
+            if jnp.ndim(ran) == 0:
+                return [jnp.where(unsure, jnp.full_like(x, jnp.nan), jnp.where(ran, x, y))
+                        for x, y in zip(limit, [*zeros_of(lin_const_avals), *l_bar])]
+            ran_bar = [jnp.where(_by_lane(ran, x), x, jnp.zeros_like(x)) for x in l_bar]
+            limit = _transposed_limit(functools.partial(body_t, nl_consts, list(n_init)),
+                                      ran_bar, lin_const_avals, n_init,
+                                      functools.partial(body_n, nl_consts), cap_ok)
+            n_c = len(lin_const_avals)
+            kept = [*limit[:n_c], *[v + jnp.where(_by_lane(ran, x), jnp.zeros_like(x), x)
+                                    for v, x in zip(limit[n_c:], l_bar)]]
+            return [jnp.where(jnp.any(unsure), jnp.full_like(x, jnp.nan), x) for x in kept]
 
         def count_cond(state):
             n_vals, _ = state
