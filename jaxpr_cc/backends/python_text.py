@@ -192,6 +192,12 @@ def _closed_over_mode(rule, kind, hot, consts):
             f"differentiated; forward mode would need {size} jvp columns > "
             f"max_forward_size={rule['max_forward_size']}: raise max_forward_size or use "
             f"closed_over='reverse'")
+    if mode == "reverse" and kind == "vjp" and not rule["reverse_ok"]:
+        raise ClosedOverError(
+            f"custom_{kind} rule '{rule['name']}' ({rule['source']}) closes over {what}, which is "
+            f"being differentiated; closed_over='reverse' asks for the reverse-mode derivative "
+            f"of its primal, which runs a while_loop that reverse mode cannot differentiate: "
+            f"trace with closed_over='auto' or 'forward'")
     if mode == "error":
         raise ClosedOverError(
             f"custom_{kind} rule '{rule['name']}' ({rule['source']}) closes over {what}, which is "

@@ -194,6 +194,13 @@ class RuleInfo:
                 f"{self.describe_const(hot[0], const_avals[hot[0]])}, which is being differentiated; "
                 f"forward mode would need {size} jvp columns > max_forward_size={self.max_forward_size}: "
                 f"raise max_forward_size or use closed_over='reverse'")
+        if mode == "reverse" and kind == "vjp" and not self.reverse_ok:
+            raise ClosedOverError(
+                f"custom_{self.written_as or kind} rule '{self.name}' ({self.source}) closes over "
+                f"{self.describe_const(hot[0], const_avals[hot[0]])}, which is being "
+                f"differentiated; closed_over='reverse' asks for the reverse-mode derivative of "
+                f"its primal, which runs a while_loop that reverse mode cannot differentiate: "
+                f"trace with closed_over='auto' or 'forward'")
         if mode == "error" and self.closed_over == "auto":
             raise ClosedOverError(
                 f"custom_{self.written_as or kind} rule '{self.name}' ({self.source}) closes over "
