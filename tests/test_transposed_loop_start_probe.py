@@ -290,3 +290,50 @@ def test_a_rule_called_twice_in_a_bwd_has_its_loop_read_at_each_call():
     fun = _rule(bwd)
     np.testing.assert_allclose(np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(X)),
                                np.asarray(jax.jacrev(fun)(X)), rtol=1e-4)
+
+
+def test_a_loop_vmapped_twice_is_read_lane_by_lane():
+    # Two vmaps batch the loop (its test is bool[2, 2]); lanes [converged, runs]
+    # in each row.  The lanes were read as one (adversary, stop 41).
+    def bwd(c, g):
+        one = _one(c)
+        starts = jnp.stack([jnp.stack([g * one, 0.5 * g])] * 2)
+        previous = jnp.stack([jnp.stack([g, g])] * 2)
+        loops = jax.vmap(jax.vmap(_adjoint_loop, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+        return loops(g, starts, previous).sum((0, 1))
+
+    fun = _rule(bwd)
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(X)),
+                               np.asarray(jax.jacrev(fun)(X)), rtol=1e-4)
+
+
+def test_the_larger_probe_scale_keeps_a_relative_residual_test_finite():
+    # sum((u - up)^2) > tol^2 sum(u^2) over 16 float16 elements: the larger probe
+    # scale kept one element's square in range, not the sum's, which read inf at
+    # that scale only: NaN (adversary, stop 41).  Reference: the analytic limit,
+    # diag(weights) (I - M)^-1 (JAX's float16 loop stops at the 1e-2 tolerance).
+    n = 16
+    m = (0.5 * np.eye(n) + 0.01 * np.ones((n, n))).astype(np.float32)
+
+    def loop(g, start, prev):
+        def keep_going(s):
+            d = s[0] - s[1]
+            return jnp.sum(d * d) > 1e-4 * jnp.sum(s[0] * s[0])
+        return jax.lax.while_loop(keep_going,
+                                  lambda s: (g + jnp.asarray(m, g.dtype).T @ s[0], s[0]),
+                                  (start, prev))[0]
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def bwd(c, g):
+        g16 = g.astype(jnp.float16)
+        return (loop(g16, g16, g16 * jnp.float16(0.5)).astype(jnp.float32),)
+
+    f.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), bwd)
+    weights = np.arange(1.0, n + 1)
+    fun = lambda x: f(x) * jnp.asarray(weights, jnp.float32)  # noqa: E731
+    got = np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(jnp.linspace(-0.5, 0.5, n)))
+    want = np.diag(weights) @ np.linalg.inv(np.eye(n) - m.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)

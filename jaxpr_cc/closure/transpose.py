@@ -1297,17 +1297,17 @@ _PROBE_SCALE_BITS = 20
 
 
 def _probe_scale(values):
-    """The larger probe scale, a power of two: ``2 ** 20``, or at most the square
-    root of the largest finite value of each dtype over the largest magnitude of
-    that value (a float16 carry, a float32 iterate near 1e33: scaled by 2 ** 20
-    they overflow, and their test reads inf - inf)."""
+    """The larger probe scale, a power of two: ``2 ** 20``, or less where the test
+    could overflow at it -- a sum of the squares of all the values scaled (a
+    relative test's norm) must stay within each dtype's range: a float16 carry,
+    a float32 iterate near 1e33, scaled by ``2 ** 20``, read inf - inf."""
+    values = [x for x in values if _floating(jnp.result_type(x))]
+    count = sum(int(np.prod(jnp.shape(x))) for x in values)
     bits = jnp.float32(_PROBE_SCALE_BITS)
     for x in values:
-        if not _floating(jnp.result_type(x)):
-            continue
         real = jnp.finfo(jnp.result_type(x)).dtype
-        room = 0.5 * np.log2(float(jnp.finfo(real).max)) - jnp.log2(
-            jnp.maximum(jnp.max(jnp.abs(x)), jnp.ones((), real)))
+        room = (0.5 * (np.log2(float(jnp.finfo(real).max)) - np.log2(max(count, 1))) - 1.0
+                - jnp.log2(jnp.maximum(jnp.max(jnp.abs(x)), jnp.ones((), real))))
         bits = jnp.minimum(bits, jnp.floor(room.astype(jnp.float32)))
     return jnp.exp2(bits)
 
@@ -1319,17 +1319,17 @@ def _scaled(values, flags, scale):
 
 
 def _lanes(cond, lin_values) -> bool:
-    """Does the loop test each lane of a batch (vmap): its test gives ``bool[k]``
-    and every linear carry has ``k`` leading lanes?"""
+    """Does the loop test each lane of a batch (vmap, nested vmaps): its test
+    gives ``bool[k...]`` and every linear carry has those leading lanes?"""
     (out,) = cond.jaxpr.outvars
-    shape = out.aval.shape
-    return (len(shape) == 1 and bool(lin_values)
-            and all(jnp.ndim(x) >= 1 and jnp.shape(x)[0] == shape[0] for x in lin_values))
+    shape = tuple(out.aval.shape)
+    return (len(shape) >= 1 and bool(lin_values)
+            and all(tuple(jnp.shape(x)[:len(shape)]) == shape for x in lin_values))
 
 
 def _by_lane(flags, x):
-    """Per-lane ``flags`` (``bool[k]``) shaped to select along ``x``'s leading axis."""
-    return jnp.reshape(flags, flags.shape + (1,) * (jnp.ndim(x) - 1))
+    """Per-lane ``flags`` (``bool[k...]``) shaped to select along ``x``'s leading axes."""
+    return jnp.reshape(flags, flags.shape + (1,) * (jnp.ndim(x) - jnp.ndim(flags)))
 
 
 def _near(x, y):
@@ -1716,7 +1716,8 @@ def _bind_linear_while(eqn, invals, flags, used, reading_key=None):
             # for it, none for the loop's constants.  Lanes do not mix: the
             # transposed iteration of the lanes that ran is the limit's.
             if jnp.ndim(ran) == 0:
-                return [jnp.where(unsure, jnp.full_like(x, jnp.nan), jnp.where(ran, x, y))
+                return [jnp.where(jnp.any(unsure), jnp.full_like(x, jnp.nan),
+                                  jnp.where(ran, x, y))
                         for x, y in zip(limit, [*zeros_of(lin_const_avals), *l_bar])]
             ran_bar = [jnp.where(_by_lane(ran, x), x, jnp.zeros_like(x)) for x in l_bar]
             limit = _transposed_limit(functools.partial(body_t, nl_consts, list(n_init)),
