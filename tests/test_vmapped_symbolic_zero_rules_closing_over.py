@@ -176,3 +176,33 @@ def test_a_three_input_rule_under_vmap_gets_every_pattern_while_the_vmap_lives(n
     for fn in (jaxpr_cc.jit(program), jaxpr_cc.trace(program, *args)):
         got = jax.grad(fn, argnums)(*args)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+@pytest.mark.heavy  # about 6 minutes: tracing the vmapped rule's forward-mode columns
+def test_vmap_of_a_diffrax_backsolve_whose_vector_field_closes_over_the_batched_parameter():
+    # diffrax's BacksolveAdjoint (an equinox filter_custom_vjp, symbolic zeros)
+    # under vmap, its vector field closing over each lane's k: materializing the
+    # staged rule traced a pattern the program was not traced for, reading the
+    # ended vmap's k (adversary, stop 40: "closes over a value of a trace that has
+    # ended").  It now takes the patterns the rule was traced for.  The rule never
+    # sees k: its derivative is formed in forward mode through the primal, the
+    # discrete solve (docs/closure.md).  Reference: JAX, with k passed as the
+    # solve's args, differentiating the discrete solve (RecursiveCheckpointAdjoint).
+    import diffrax
+
+    def solve(k, closed):
+        vector_field = ((lambda t, y, args: -k * y) if closed else
+                        (lambda t, y, args: -args * y))
+        adjoint = diffrax.BacksolveAdjoint() if closed else diffrax.RecursiveCheckpointAdjoint()
+        sol = diffrax.diffeqsolve(diffrax.ODETerm(vector_field), diffrax.Heun(), 0.0, 0.5,
+                                  0.125, jnp.ones(2), args=None if closed else k,
+                                  stepsize_controller=diffrax.ConstantStepSize(),
+                                  adjoint=adjoint, saveat=diffrax.SaveAt(t1=True))
+        return jnp.sum(sol.ys[-1])
+
+    ks = jnp.array([0.5, 0.7], jnp.float32)
+    program = jaxpr_cc.trace(lambda ks: jax.vmap(lambda k: solve(k, True))(ks), ks)
+    reference = jax.vmap(lambda k: solve(k, False))
+    np.testing.assert_allclose(program(ks), reference(ks), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda ks: jnp.sum(program(ks)))(ks),
+                               jax.grad(lambda ks: jnp.sum(reference(ks)))(ks), rtol=1e-5)

@@ -315,13 +315,17 @@ def _convert_vjp(body: Region, region: Region, eqn: Equation, closed_over: str,
                for x, a in zip(ops[nc:], arg_avals)]
     while True:
         try:
-            try:
-                fwd_consts, f_j, f_c, res_avals = trace_fwd(
-                    [is_inexact(a) for a in arg_avals[lifted:]])
-            except ClosureConversionError:
-                if movable[lifted:] == [is_inexact(a) for a in arg_avals[lifted:]]:
-                    raise
-                fwd_consts, f_j, f_c, res_avals = trace_fwd(movable[lifted:])
+            tried = [[is_inexact(a) for a in arg_avals[lifted:]]]
+            for flags in [movable[lifted:], *_materialized_patterns(bwd_fn, arg_avals[lifted:])]:
+                if flags not in tried:
+                    tried.append(flags)
+            for k, flags in enumerate(tried):
+                try:
+                    fwd_consts, f_j, f_c, res_avals = trace_fwd(flags)
+                    break
+                except ClosureConversionError:
+                    if k == len(tried) - 1:
+                        raise
             break
         except jx.CustomVJPException:
             lifted = next((i + 1 for i in range(lifted, len(arg_avals))
@@ -334,8 +338,15 @@ def _convert_vjp(body: Region, region: Region, eqn: Equation, closed_over: str,
     fwd_variants, bwd_variants = [], []
     trace_for = None
     if p.get("symbolic_zeros", False):
+        # A rule of ours re-bound (vmapped) dispatches on the cotangents' pattern
+        # itself: its own patterns (traced when the program was) are the ones
+        # worth a variant; tracing JAX's bwd for every other (diffrax's adjoints:
+        # a whole backward solve each) costs a trace each.
+        ours = _rule_of(bwd_fn)
+        own_ct = (None if ours is None else
+                  sorted({tuple(ct) for family, ct, _ in ours.bwd_variants if not family}))
         fwd_variants, bwd_variants = _staged_vjp_variants(
-            formal_avals, out_avals, res_avals, trace_fwd, trace_bwd)
+            formal_avals, out_avals, res_avals, trace_fwd, trace_bwd, own_ct)
         inexact = [i for i, a in enumerate(formal_avals) if is_inexact(a)]
 
         def trace_for(key):
@@ -360,18 +371,52 @@ def _convert_vjp(body: Region, region: Region, eqn: Equation, closed_over: str,
                        call_region, main, bwd_fn, fwd_variants, bwd_variants, trace_for)
 
 
-def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
+def _rule_of(bwd_fn):
+    """The VJPRule of ours a staged bwd runs (JAX re-bound our rule), or None."""
+    root = jx.find_tagged_function(bwd_fn, "_jaxpr_cc_rule")
+    return getattr(root, "_jaxpr_cc_rule", None)
+
+
+def _materialized_patterns(bwd_fn, formal_avals) -> list[list[bool]]:
+    """For a custom_vjp JAX re-bound from one of our rules (a vmapped call): the
+    patterns of perturbed arguments that rule was traced for when the program was
+    (its main pattern and its variants), as flags over ``formal_avals`` (its
+    closed-over values, then its arguments).  Another pattern is traced when
+    first given, from the user's rules -- which a rule closing over a value of a
+    vmap inside the program cannot be once that vmap has ended."""
+    rule = _rule_of(bwd_fn)
+    made = getattr(rule, "pattern_rules", None)
+    if made is None or made.main is None or rule.num_consts > len(formal_avals):
+        return []
+    nc = rule.num_consts
+    consts = [is_inexact(a) for a in formal_avals[:nc]]
+    inexact = [i for i, a in enumerate(formal_avals[nc:]) if is_inexact(a)]
+    out = []
+    for family in [made.main, *(pattern for pattern, _, _ in rule.fwd_variants)]:
+        if len(family) != len(inexact):
+            continue
+        flags = [False] * (len(formal_avals) - nc)
+        for i, q in zip(inexact, family):
+            flags[i] = q
+        out.append(consts + flags)
+    return out
+
+
+def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd,
+                         ct_only=None):
     """A staged symbolic-zeros custom_vjp (one JAX's batching rule re-bound) traced
     per perturbation pattern, as ``jaxpr_cc.trace`` does the user's own calls
     (docs/closure.md): fwd per pattern of perturbed inexact arguments, bwd per
     (that pattern, pattern of nonzero output cotangents).  A pattern the rules raise
     for is left out (the main rule runs for it).  Returns ``([(pattern, fwd_consts,
-    f_j, f_c, num_res)], [(family, ct_pattern, b_j, b_c, zeros)])``."""
+    f_j, f_c, num_res)], [(family, ct_pattern, b_j, b_c, zeros)])``.  ``ct_only``:
+    the cotangent patterns to trace (None: as many as the budget holds)."""
     from ..closure.session import _MAX_VJP_VARIANTS, _cotangent_patterns
     inexact = [i for i, a in enumerate(arg_avals) if is_inexact(a)]
     in_patterns = _variant_patterns(arg_avals, [is_inexact(a) for a in arg_avals])
     n_ct = sum(1 for a in out_avals if is_inexact(a))
-    ct_patterns = _cotangent_patterns(n_ct, _MAX_VJP_VARIANTS // (1 + len(in_patterns)) - 1)
+    ct_patterns = (_cotangent_patterns(n_ct, _MAX_VJP_VARIANTS // (1 + len(in_patterns)) - 1)
+                   if ct_only is None else [ct for ct in ct_only if len(ct) == n_ct])
     full_ct = (True,) * n_ct
     fwd_variants, bwd_variants = [], []
 
