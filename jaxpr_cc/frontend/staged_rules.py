@@ -338,15 +338,8 @@ def _convert_vjp(body: Region, region: Region, eqn: Equation, closed_over: str,
     fwd_variants, bwd_variants = [], []
     trace_for = None
     if p.get("symbolic_zeros", False):
-        # A rule of ours re-bound (vmapped) dispatches on the cotangents' pattern
-        # itself: its own patterns (traced when the program was) are the ones
-        # worth a variant; tracing JAX's bwd for every other (diffrax's adjoints:
-        # a whole backward solve each) costs a trace each.
-        ours = _rule_of(bwd_fn)
-        own_ct = (None if ours is None else
-                  sorted({tuple(ct) for family, ct, _ in ours.bwd_variants if not family}))
         fwd_variants, bwd_variants = _staged_vjp_variants(
-            formal_avals, out_avals, res_avals, trace_fwd, trace_bwd, own_ct)
+            formal_avals, out_avals, res_avals, trace_fwd, trace_bwd)
         inexact = [i for i, a in enumerate(formal_avals) if is_inexact(a)]
 
         def trace_for(key):
@@ -402,21 +395,18 @@ def _materialized_patterns(bwd_fn, formal_avals) -> list[list[bool]]:
     return out
 
 
-def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd,
-                         ct_only=None):
+def _staged_vjp_variants(arg_avals, out_avals, res_avals, trace_fwd, trace_bwd):
     """A staged symbolic-zeros custom_vjp (one JAX's batching rule re-bound) traced
     per perturbation pattern, as ``jaxpr_cc.trace`` does the user's own calls
     (docs/closure.md): fwd per pattern of perturbed inexact arguments, bwd per
     (that pattern, pattern of nonzero output cotangents).  A pattern the rules raise
     for is left out (the main rule runs for it).  Returns ``([(pattern, fwd_consts,
-    f_j, f_c, num_res)], [(family, ct_pattern, b_j, b_c, zeros)])``.  ``ct_only``:
-    the cotangent patterns to trace (None: as many as the budget holds)."""
+    f_j, f_c, num_res)], [(family, ct_pattern, b_j, b_c, zeros)])``."""
     from ..closure.session import _MAX_VJP_VARIANTS, _cotangent_patterns
     inexact = [i for i, a in enumerate(arg_avals) if is_inexact(a)]
     in_patterns = _variant_patterns(arg_avals, [is_inexact(a) for a in arg_avals])
     n_ct = sum(1 for a in out_avals if is_inexact(a))
-    ct_patterns = (_cotangent_patterns(n_ct, _MAX_VJP_VARIANTS // (1 + len(in_patterns)) - 1)
-                   if ct_only is None else [ct for ct in ct_only if len(ct) == n_ct])
+    ct_patterns = _cotangent_patterns(n_ct, _MAX_VJP_VARIANTS // (1 + len(in_patterns)) - 1)
     full_ct = (True,) * n_ct
     fwd_variants, bwd_variants = [], []
 
