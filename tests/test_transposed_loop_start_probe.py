@@ -337,3 +337,23 @@ def test_the_larger_probe_scale_keeps_a_relative_residual_test_finite():
     got = np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(jnp.linspace(-0.5, 0.5, n)))
     want = np.diag(weights) @ np.linalg.inv(np.eye(n) - m.astype(np.float64))
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_a_vmapped_loop_whose_test_reads_an_unbatched_linear_value():
+    # A relative tolerance against an unbatched right-hand side g (vmap
+    # in_axes=(None, 0, 0)): the test's linear constant became a carry beside a
+    # batched test without lanes of its own, and XLA's lowering asserted
+    # (adversary, stop 41).  It is now carried broadcast to the lanes.
+    def loop(g, start, previous):
+        return jax.lax.while_loop(
+            lambda s: jnp.max(jnp.abs(s[0] - s[1])) > 1e-6 * jnp.max(jnp.abs(g)),
+            lambda s: (g + jnp.asarray(W).T @ s[0], s[0]), (start, previous))[0]
+
+    def bwd(c, g):
+        starts = jnp.stack([g * _one(c), 0.5 * g])
+        out = jax.vmap(loop, in_axes=(None, 0, 0))(g, starts, jnp.stack([g, g]))
+        return out[0] + 3.0 * out[1]
+
+    fun = _rule(bwd)
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(jaxpr_cc.jit(fun))(X)),
+                               np.asarray(jax.jacrev(fun)(X)), rtol=1e-4)

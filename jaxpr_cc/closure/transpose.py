@@ -935,11 +935,42 @@ def _cond_constants_carried(eqn, flags):
                       jx.fit_debug_info(bj.debug_info, len(bj.invars) + len(passed),
                                         len(bj.outvars) + len(passed)))
     order = kept + list(range(cc, len(eqn.invars))) + moved
-    params = dict(p, cond_nconsts=len(kept), cond_jaxpr=ClosedJaxpr(cond_j, cond.consts),
-                  body_jaxpr=ClosedJaxpr(body_j, body.consts))
-    outvars = list(eqn.outvars) + [jx.Var(eqn.invars[i].aval) for i in moved]
+    lanes = tuple(cj.outvars[0].aval.shape)
+    if lanes:
+        # A batched loop (its test gives bool[k...]) carries every value per lane;
+        # the moved values, unbatched, are carried broadcast to the lanes (the
+        # test reads lane 0's copy, which is every lane's).
+        cond_c, body_c = _lane_carried(ClosedJaxpr(cond_j, cond.consts),
+                                       ClosedJaxpr(body_j, body.consts), len(moved), lanes)
+        params = dict(p, cond_nconsts=len(kept), cond_jaxpr=cond_c, body_jaxpr=body_c)
+        outvars = list(eqn.outvars) + [jx.Var(a) for a in cond_c.in_avals[-len(moved):]]
+    else:
+        params = dict(p, cond_nconsts=len(kept), cond_jaxpr=ClosedJaxpr(cond_j, cond.consts),
+                      body_jaxpr=ClosedJaxpr(body_j, body.consts))
+        outvars = list(eqn.outvars) + [jx.Var(eqn.invars[i].aval) for i in moved]
     return eqn.replace(invars=[eqn.invars[i] for i in order], outvars=outvars,
                        params=params), order
+
+
+def _lane_carried(cond, body, n_moved: int, lanes: tuple):
+    """``cond`` and ``body`` (their last ``n_moved`` inputs: values the body passes
+    through) taking those values broadcast to ``lanes``."""
+    idx = (0,) * len(lanes)
+    wide = [jax.ShapeDtypeStruct(lanes + tuple(a.shape), a.dtype)
+            for a in cond.in_avals[-n_moved:]]
+    narrow = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in cond.in_avals[:-n_moved]]
+    b_in = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in body.in_avals[:-n_moved]]
+
+    def cond_fn(*xs):
+        return jx.eval_jaxpr(cond.jaxpr, cond.consts, *xs[:-n_moved],
+                             *[x[idx] for x in xs[-n_moved:]])
+
+    def body_fn(*xs):
+        outs = jx.eval_jaxpr(body.jaxpr, body.consts, *xs[:-n_moved],
+                             *[x[idx] for x in xs[-n_moved:]])
+        return [*outs[:len(outs) - n_moved], *xs[-n_moved:]]
+
+    return (jax.make_jaxpr(cond_fn)(*narrow, *wide), jax.make_jaxpr(body_fn)(*b_in, *wide))
 
 
 def _test_only_carries(body, bc: int, outvars, used) -> list[bool]:
@@ -1546,6 +1577,10 @@ def _bind_linear_while(eqn, invals, flags, used, reading_key=None):
     if any(flags[:eqn.params["cond_nconsts"]]):
         moved, order = _cond_constants_carried(eqn, flags)
         invals, flags = [invals[i] for i in order], [flags[i] for i in order]
+        n_moved = len(moved.outvars) - n_results
+        wide = [v.aval for v in moved.params["cond_jaxpr"].jaxpr.invars[-n_moved:]]
+        invals = [*invals[:-n_moved], *[jnp.broadcast_to(x, a.shape)
+                                        for x, a in zip(invals[-n_moved:], wide)]]
         outs, out_flags = _bind_linear_while(moved, invals, flags, used, reading_key)
         return outs[:n_results], out_flags[:n_results]
     zeros = [isinstance(a, Literal) and _is_zero_literal(a) for a in eqn.invars]
