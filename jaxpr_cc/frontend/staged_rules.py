@@ -364,12 +364,6 @@ def _convert_vjp(body: Region, region: Region, eqn: Equation, closed_over: str,
                        call_region, main, bwd_fn, fwd_variants, bwd_variants, trace_for)
 
 
-def _rule_of(bwd_fn):
-    """The VJPRule of ours a staged bwd runs (JAX re-bound our rule), or None."""
-    root = jx.find_tagged_function(bwd_fn, "_jaxpr_cc_rule")
-    return getattr(root, "_jaxpr_cc_rule", None)
-
-
 def _materialized_patterns(bwd_fn, formal_avals) -> list[list[bool]]:
     """For a custom_vjp JAX re-bound from one of our rules (a vmapped call): the
     patterns of perturbed arguments that rule was traced for when the program was
@@ -377,7 +371,8 @@ def _materialized_patterns(bwd_fn, formal_avals) -> list[list[bool]]:
     closed-over values, then its arguments).  Another pattern is traced when
     first given, from the user's rules -- which a rule closing over a value of a
     vmap inside the program cannot be once that vmap has ended."""
-    rule = _rule_of(bwd_fn)
+    root = jx.find_tagged_function(bwd_fn, "_jaxpr_cc_rule")
+    rule = getattr(root, "_jaxpr_cc_rule", None)
     made = getattr(rule, "pattern_rules", None)
     if made is None or made.main is None or rule.num_consts > len(formal_avals):
         return []
